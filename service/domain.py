@@ -1,0 +1,131 @@
+"""Pure values shared by every layer: kinds, residencies, instance states, device figures.
+
+Nothing here does I/O. ``InstanceState`` and ``TRANSITIONS`` are the single statement of
+which lifecycle moves are legal; ``check_transition`` is what every setter calls.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from service.errors import IllegalTransition
+
+
+class ServiceKind(enum.StrEnum):
+    CHAT = "chat"
+    EMBEDDING = "embedding"
+    DIFFUSION = "diffusion"
+    SPEECH = "speech"
+    RERANK = "rerank"
+
+
+# The OpenAI routes each kind serves (DESIGN section 3). A request for a model whose kind
+# does not serve the route is a 400.
+ROUTES_BY_KIND: dict[ServiceKind, tuple[str, ...]] = {
+    ServiceKind.CHAT: ("/v1/chat/completions", "/v1/completions"),
+    ServiceKind.EMBEDDING: ("/v1/embeddings",),
+    ServiceKind.DIFFUSION: ("/v1/images/generations", "/v1/images/edits"),
+    ServiceKind.SPEECH: (
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/audio/speech",
+    ),
+    ServiceKind.RERANK: ("/v1/rerank",),
+}
+
+
+class Residency(enum.StrEnum):
+    PINNED = "pinned"
+    WARM = "warm"
+    ON_DEMAND = "on-demand"
+    WINDOW_ONLY = "window-only"
+
+
+class OnCap(enum.StrEnum):
+    RESTART = "restart"
+    STOP = "stop"
+    WARN = "warn"
+
+
+class Flag(enum.StrEnum):
+    CREEPING = "creeping"
+    FRAGMENTED = "fragmented"
+    OVER_CAP = "over-cap"
+    CRASH_LOOPING = "crash-looping"
+
+
+class InstanceState(enum.StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    FAILED = "failed"
+
+
+S = InstanceState
+
+# Every legal move of an instance's lifecycle. A crash while starting or ready goes to
+# BACKOFF (a restart is scheduled) or FAILED (retries exhausted); BACKOFF either starts
+# again or is cancelled by an unload. FAILED leaves only when an operator or a request
+# asks for a load.
+TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    S.STARTING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.DRAINING: frozenset({S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.STOPPING: frozenset({S.STOPPED, S.FAILED}),
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
+    S.FAILED: frozenset({S.STARTING, S.STOPPED}),
+}
+
+# States in which an instance holds (or is about to hold) device memory and is charged
+# against the budget.
+RESIDENT_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
+
+
+def check_transition(current: InstanceState, new: InstanceState) -> None:
+    """Raise ``IllegalTransition`` unless ``current -> new`` is in ``TRANSITIONS``."""
+    if new not in TRANSITIONS[current]:
+        raise IllegalTransition(f"illegal instance transition {current} -> {new}")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceMemory:
+    """What a probe measured for one managed instance."""
+
+    device_bytes: int
+    host_bytes: int
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSnapshot:
+    """One device's memory at one moment, as a probe saw it.
+
+    ``used`` includes every process; ``managed`` is the part attributed to our instances;
+    ``foreign = used - managed`` (never negative).
+    """
+
+    index: int
+    name: str
+    total: int
+    used: int
+    free: int
+    managed: int = 0
+
+    @property
+    def foreign(self) -> int:
+        return max(0, self.used - self.managed)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReading:
+    """A whole probe sample: every device, and every instance's footprint by key."""
+
+    backend: str
+    devices: tuple[DeviceSnapshot, ...]
+    instances: dict[str, InstanceMemory] = field(default_factory=dict)
+    degraded: str | None = None
