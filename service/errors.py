@@ -8,6 +8,7 @@
     ├── ProbeError             a device probe cannot be created or read
     └── RequestRejected        a request vramd answers with an OpenAI-shaped error
         ├── ModelNotFound          404 model_not_found
+        ├── ServiceNotFound        404 service_not_found (admin API)
         ├── InvalidRequest         400 invalid_request
         ├── Unauthorized           401 unauthorized
         ├── QueueFull              429 queue_full
@@ -141,3 +142,11 @@ class PolicyIssue:
 
     def __repr__(self) -> str:
         return f"PolicyIssue({self!s})"
+
+
+class ServiceNotFound(RequestRejected):
+    """An admin route named a service the active policy does not have."""
+
+    status = 404
+    code = "service_not_found"
+    error_type = "invalid_request_error"

@@ -49,7 +49,9 @@ def parse_size(value: object) -> int:
     number, unit = match.groups()
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
-        raise ValueError(f"unknown size unit {unit!r} in {value!r}; use KiB, MiB, GiB, KB, MB or GB")
+        raise ValueError(
+            f"unknown size unit {unit!r} in {value!r}; use KiB, MiB, GiB, KB, MB or GB"
+        )
     if unit == "" and "." in number:
         raise ValueError(f"a size without a unit is whole bytes, got {value!r}")
     return int(float(number) * factor)

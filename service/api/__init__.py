@@ -1,0 +1,1 @@
+"""HTTP routers: ``openai`` (/v1), ``admin`` (/api, /healthz), ``ui`` (the dashboard)."""

@@ -1,0 +1,141 @@
+"""The application factory: the only place that wires concrete classes together.
+
+``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
+lifespan loads the policy, opens (and migrates) the database, records the policy as a
+version, creates the device probe and the orchestrator, and on shutdown stops every
+runtime before closing the database. Tests pass fakes for the injectable parts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import __version__
+from service.api import admin
+from service.api.deps import Daemon
+from service.api.errors import install_error_handlers
+from service.clock import Clock, SystemClock
+from service.devices import DeviceProbe, create_probe
+from service.errors import VramdError
+from service.orchestrator import Orchestrator
+from service.policy import Policy, load_policy
+from service.policy_records import persist_policy
+from service.settings import Settings, server_address
+from service.store import open_store
+from service.supervisor import ProcessLauncher
+
+log = logging.getLogger("vramd")
+
+
+def refuse_unsafe_bind(host: str, policy: Policy) -> str | None:
+    """A message when listening on ``host`` would expose an unauthenticated API."""
+    if _is_loopback(host) or (policy.server.api_keys and policy.server.admin_keys):
+        return None
+    return (
+        f"refusing to listen on {host}: it is reachable from other machines, and "
+        "server.api_keys and server.admin_keys must both be set in the policy first "
+        "(or listen on 127.0.0.1)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def create_app(
+    settings: Settings,
+    *,
+    probe: DeviceProbe | None = None,
+    clock: Clock | None = None,
+    launcher: ProcessLauncher | None = None,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            daemon = await _start_daemon(settings, probe=probe, clock=clock, launcher=launcher)
+        except VramdError as exc:
+            app.state.startup_failed = str(exc)
+            log.error("vramd cannot start: %s", exc)
+            raise
+        app.state.daemon = daemon
+        try:
+            yield
+        finally:
+            await _stop_daemon(daemon, own_probe=probe is None)
+
+    app = FastAPI(
+        title="vramd",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(admin.router)
+    return app
+
+
+async def _start_daemon(
+    settings: Settings,
+    *,
+    probe: DeviceProbe | None,
+    clock: Clock | None,
+    launcher: ProcessLauncher | None,
+) -> Daemon:
+    clock = clock or SystemClock()
+    text = settings.config.read_text(encoding="utf-8")
+    policy = load_policy(text)
+    address = server_address(settings, policy)
+    store = open_store(address.database)
+    try:
+        with store.session() as session:
+            version, is_new = persist_policy(
+                session, policy=policy, text=text, source=str(settings.config), now=clock.now()
+            )
+        log.info(
+            "policy %s %s as version %d (%d services)",
+            settings.config,
+            "stored" if is_new else "unchanged",
+            version,
+            len(policy.services),
+        )
+        probe = probe or create_probe(policy.device.backend, policy.device.gpus)
+        log.info("device backend: %s", probe.backend)
+        orchestrator = Orchestrator(
+            policy=policy,
+            store=store,
+            probe=probe,
+            clock=clock,
+            launcher=launcher,
+            settings=settings,
+        )
+        await orchestrator.start()
+    except BaseException:
+        store.close()
+        raise
+    return Daemon(
+        settings=settings,
+        store=store,
+        probe=probe,
+        clock=clock,
+        orchestrator=orchestrator,
+    )
+
+
+async def _stop_daemon(daemon: Daemon, *, own_probe: bool) -> None:
+    try:
+        await daemon.orchestrator.close()
+    finally:
+        if own_probe:
+            daemon.probe.close()
+        daemon.store.close()

@@ -1,0 +1,87 @@
+"""The device-probe interface, and the one function that picks a backend.
+
+The ledger only ever sees ``DeviceProbe.read``: every device's figures and every managed
+instance's footprint in one ``ProbeReading``. Two backends implement it, ``nvml`` (NVIDIA
+GPUs) and ``host`` (the machine's RAM, for machines without a GPU and for the tests);
+anything else that implements the Protocol (a test fake) can be handed to the app instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Literal, Protocol
+
+from service.devices.host import HostProbe
+from service.devices.nvml import NvmlProbe, NvmlUnavailable
+from service.domain import ProbeReading
+from service.errors import ProbeError
+
+log = logging.getLogger("vramd.devices")
+
+BACKENDS = ("auto", "nvml", "host")
+
+
+class DeviceProbe(Protocol):
+    """Measures device memory and what each managed instance holds.
+
+    ``read`` blocks (it walks the process table and may call into the driver), so the
+    daemon calls it from a worker thread. It never raises because a process vanished
+    mid-read, and a backend that cannot read its devices reports that in
+    ``ProbeReading.degraded`` instead of raising.
+    """
+
+    backend: str
+
+    def read(self, instances: Mapping[str, int]) -> ProbeReading:
+        """Sample every device, and every instance's tree.
+
+        ``instances`` maps an instance key to its root pid (the process-group leader the
+        supervisor spawned). Every key is answered; a key whose processes are gone
+        gets zero bytes and no pids.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def create_probe(
+    backend: str = "auto",
+    gpus: Sequence[int] | Literal["all"] = "all",
+    *,
+    nvml: ModuleType | None = None,
+) -> DeviceProbe:
+    """Build the probe for ``device.backend``.
+
+    ``auto`` uses NVML when it initialises and reports at least one GPU, else the host;
+    ``nvml`` insists (``ProbeError`` saying why it cannot); ``host`` never touches NVML.
+    A ``gpus`` index the machine does not have is a ``ProbeError`` under ``auto`` too: a
+    GPU that was asked for by number is a configuration, not a guess to fall back from.
+    ``nvml`` replaces the ``pynvml`` module (tests pass a fake).
+    """
+    if backend not in BACKENDS:
+        raise ProbeError(f"device.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "host":
+        log.info("device backend: host (configured)")
+        return HostProbe()
+    try:
+        probe = NvmlProbe(nvml if nvml is not None else _import_pynvml(), gpus)
+    except NvmlUnavailable as exc:
+        if backend == "nvml":
+            raise ProbeError(f"device.backend is nvml, but {exc}") from exc
+        log.info("device backend: host (auto: %s)", exc)
+        if gpus != "all":
+            log.warning("device.gpus %s is ignored: the host backend has one device", gpus)
+        return HostProbe()
+    log.info("device backend: nvml (GPUs %s)", ", ".join(map(str, probe.indexes)))
+    return probe
+
+
+def _import_pynvml() -> ModuleType:
+    # Imported on demand so that the host backend never needs the binding.
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as exc:
+        raise NvmlUnavailable(f"the pynvml module (nvidia-ml-py) is missing: {exc}") from exc

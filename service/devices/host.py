@@ -1,0 +1,47 @@
+"""The host-memory probe: the machine's RAM as the one device, for machines without a GPU.
+
+This is what the demo and the tests run against (DESIGN section 10): runtimes there are
+real processes holding real memory, so the budget arithmetic is exercised end to end.
+
+The device's ``free`` is the kernel's *available* figure, not its *free* one: page cache
+and reclaimable slabs are handed back on demand, so counting them as used would make
+every long-running machine look full. ``used = total - available`` follows from it, and
+``foreign`` (what other programs hold) is ``used`` less our instances' footprints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import psutil
+
+from service.devices.tree import sample_trees
+from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
+
+
+class HostProbe:
+    """One device (index 0, ``"host"``); an instance's footprint is its tree's PSS."""
+
+    backend: str = "host"
+
+    def read(self, instances: Mapping[str, int]) -> ProbeReading:
+        trees = sample_trees(instances)
+        memory = psutil.virtual_memory()
+        measured = {
+            key: InstanceMemory(
+                device_bytes=tree.host_bytes, host_bytes=tree.host_bytes, pids=tree.pids
+            )
+            for key, tree in trees.items()
+        }
+        device = DeviceSnapshot(
+            index=0,
+            name="host",
+            total=memory.total,
+            used=memory.total - memory.available,
+            free=memory.available,
+            managed=sum(tree.host_bytes for tree in trees.values()),
+        )
+        return ProbeReading(backend=self.backend, devices=(device,), instances=measured)
+
+    def close(self) -> None:
+        """Nothing to release; here so every probe can be closed the same way."""

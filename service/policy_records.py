@@ -1,0 +1,86 @@
+"""Storing a validated policy: its full text as a version, and its rules normalized.
+
+DESIGN section 8: the rules the daemon runs by live in SQLite, one row per service and
+per maintenance window, so they can be queried and survive restarts; the YAML text is
+kept whole beside them so any version can be shown or rolled back to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.policy import Policy, Service, Window
+from service.store import queries
+
+
+def policy_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def persist_policy(
+    session: Session, *, policy: Policy, text: str, source: str, now: float
+) -> tuple[int, bool]:
+    """Store ``text`` as the active version and write its rules; return (version, is_new).
+
+    The same text again (same sha256 as the active version) keeps the active version and
+    rewrites nothing.
+    """
+    sha = policy_sha256(text)
+    active = queries.active_policy_version(session)
+    if active is not None and active.sha256 == sha:
+        return active.version, False
+    record = queries.store_policy_version(
+        session, text=text, sha256=sha, source=source, applied_at=now
+    )
+    queries.replace_active_rules(
+        session,
+        version=record.version,
+        services=[service_row(name, svc) for name, svc in policy.services.items()],
+        windows=[window_row(window, now) for window in policy.maintenance.windows],
+    )
+    return record.version, True
+
+
+def service_row(name: str, service: Service) -> dict[str, Any]:
+    """One ``services`` row: the effective values after defaults were merged."""
+    return {
+        "name": name,
+        "kind": service.kind.value,
+        "models": list(service.models),
+        "command": list(service.command),
+        "env": dict(service.env),
+        "cwd": service.cwd,
+        "health": service.health,
+        "metrics": service.metrics,
+        "upstream_model": service.upstream_model,
+        "residency": service.residency.value,
+        "priority": service.priority,
+        "preload": service.preload,
+        "estimate_bytes": service.memory.estimate,
+        "cap_bytes": service.memory.cap,
+        "on_cap": service.memory.on_cap.value,
+        "idle_ttl_s": service.idle_ttl or 0.0,
+        "max_concurrency": service.max_concurrency,
+        "queue_max": service.queue.max,
+        "queue_timeout_s": service.queue.timeout,
+        "startup_timeout_s": service.startup_timeout,
+        "stop_timeout_s": service.stop_timeout,
+        "gpus": list(service.gpus) if service.gpus is not None else None,
+        "restart": service.restart.model_dump(mode="json"),
+        "spec": service.model_dump(mode="json"),
+    }
+
+
+def window_row(window: Window, now: float) -> dict[str, Any]:
+    return {
+        "name": window.name,
+        "cron": window.cron,
+        "duration_s": window.duration,
+        "timezone": window.timezone,
+        "restart": window.restart if isinstance(window.restart, str) else list(window.restart),
+        "allow": list(window.allow),
+        "created_at": now,
+    }

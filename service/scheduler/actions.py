@@ -1,0 +1,76 @@
+"""The plan that flows out: what the orchestrator must do, in the order given.
+
+Actions are the scheduler's only output. They say what to do and why, never how: a
+``Start`` does not know about ports or argv, a ``Reject`` does not know about HTTP. The
+``Note`` explains a decision that has no other visible effect (a wait, the figures behind
+an admission) so that ``GET /api/events`` can answer "why did this happen?".
+
+Stopping is always two steps, so the orchestrator handles one shape: ``Stop(drain=True)``
+(no new requests; the instance goes to ``draining``), then ``Stop(drain=False)`` once its
+last request has finished or its ``stop_timeout`` ran out, meaning "terminate now". Both
+may come in the same plan when nothing is in flight. An instance that is still starting
+is only ever sent ``Stop(drain=False)``: it has nothing to drain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Reject codes: the API contract's error codes (DESIGN section 6) that the scheduler uses.
+QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
+INSUFFICIENT_CAPACITY = "insufficient_capacity"
+WINDOW_CLOSED = "window_closed"
+RUNTIME_FAILED = "runtime_failed"
+MODEL_NOT_FOUND = "model_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Spawn the service on ``device`` now; its expected peak is charged from now on."""
+
+    service: str
+    device: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """``drain=True``: take no new requests. ``drain=False``: terminate the process now."""
+
+    service: str
+    reason: str
+    drain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Forward the request to the service's instance now."""
+
+    request_id: str
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Answer the request with an error; ``retry_after`` in seconds when known."""
+
+    request_id: str
+    service: str
+    code: str
+    message: str
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A decision explained. ``kind``: admit, evict, wait, refuse, drop-plan, ignored."""
+
+    service: str | None
+    kind: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Action = Start | Stop | Grant | Reject | Note

@@ -1,0 +1,154 @@
+"""Everything the scheduler hears about: the events that flow in.
+
+The orchestrator turns what happens in the real world (a request, a process becoming
+healthy, a probe sample, a policy apply, a timer) into one of these values and hands it to
+``Scheduler.handle`` with the time it happened. The bench simulator produces the same
+values on a virtual clock. Events are facts, not commands: the scheduler decides what
+they mean (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from service.scheduler.rules import DeviceRule, Learned, ServiceRule
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """One device in a probe sample. ``managed`` is the part our instances hold."""
+
+    index: int
+    total: int
+    used: int
+    free: int
+    managed: int = 0
+
+    @property
+    def foreign(self) -> int:
+        """Memory used by processes vramd did not start (never negative)."""
+        return max(0, self.used - self.managed)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    request_id: str
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancelled:
+    """The client went away, whether its request was queued or in flight."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """A granted request ended, whatever its outcome."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceReady:
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceBackoff:
+    """The instance crashed or failed to start and the supervisor will retry.
+
+    Its reservation is kept (the retry needs the same bytes) and its queue keeps waiting.
+    """
+
+    service: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFailed:
+    """The supervisor gave up: memory released, queue rejected, failed until a load."""
+
+    service: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStopped:
+    """A stop we asked for completed and memory settled, or the process died unasked."""
+
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySampled:
+    """A probe sample: every device, and each resident service's measured bytes."""
+
+    devices: tuple[DeviceReading, ...]
+    footprints: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Periodic: queue timeouts, idle TTLs and drain deadlines are checked only here."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowChanged:
+    """Which window-only services may run now, and when each may next run (absolute)."""
+
+    allowed: frozenset[str]
+    next_open_at: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChanged:
+    """A policy was applied (the first one at startup).
+
+    ``restart`` names services whose process changed (command, env, GPUs...): they are
+    restarted at their next idle moment.
+    """
+
+    rules: Mapping[str, ServiceRule]
+    device: DeviceRule
+    restart: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedChanged:
+    service: str
+    learned: Learned
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequested:
+    """An operator asked for a load; also the only way out of ``failed``."""
+
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadRequested:
+    """An operator asked for an unload: drain, then stop, whatever the residency."""
+
+    service: str
+
+
+Event = (
+    RequestArrived
+    | RequestCancelled
+    | RequestFinished
+    | InstanceReady
+    | InstanceBackoff
+    | InstanceFailed
+    | InstanceStopped
+    | MemorySampled
+    | Tick
+    | WindowChanged
+    | PolicyChanged
+    | LearnedChanged
+    | LoadRequested
+    | UnloadRequested
+)

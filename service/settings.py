@@ -1,0 +1,55 @@
+"""Typed daemon settings: ``VRAMD_*`` environment variables, overridden by CLI flags.
+
+Built where they are needed (the CLI, ``create_app``), never as a module-level instance,
+so tests construct exactly the settings they mean. Host, port and database fall back to
+the policy's ``server`` section, then to the built-in defaults: CLI flag > environment >
+policy file > default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.policy import Policy
+
+DEFAULT_URL = "http://127.0.0.1:8400"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VRAMD_", extra="ignore")
+
+    config: Path = Path("config/vramd.yaml")
+    db: Path | None = None
+    host: str | None = None
+    port: int | None = None
+    log_level: str = "info"
+    # Seconds the daemon waits for a stopped instance's memory to be released.
+    settle_timeout: float = 10.0
+
+
+class ClientSettings(BaseSettings):
+    """What the client commands (``vramd ps`` ...) need to reach a daemon."""
+
+    model_config = SettingsConfigDict(env_prefix="VRAMD_", extra="ignore")
+
+    url: str = DEFAULT_URL
+    admin_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    host: str
+    port: int
+    database: Path
+
+
+def server_address(settings: Settings, policy: Policy) -> ServerAddress:
+    """Where to listen and which database to use, by the precedence in the docstring."""
+    return ServerAddress(
+        host=settings.host or policy.server.host,
+        port=settings.port or policy.server.port,
+        database=settings.db or Path(policy.server.database),
+    )

@@ -1,0 +1,50 @@
+"""The supervisor: one runtime instance = one child process group (DESIGN section 2).
+
+Modules::
+
+    logs.py         LogRing: the bounded ring of a runtime's output lines
+    environment.py  runtime_environment: the minimal environment a runtime inherits
+    process.py      ProcessLauncher / RuntimeProcess: spawn in a new session, signal the group
+    backoff.py      RestartPolicy / RestartTracker: restart delays and give-up, pure
+    instance.py     Instance: the lifecycle of one runtime (start, health, crash, stop)
+    settle.py       wait_settled: the memory-settle barrier before a replacement starts
+    reaper.py       reap_orphans: kill what a previous daemon left running, at startup
+"""
+
+from service.supervisor.backoff import RestartDecision, RestartPolicy, RestartTracker
+from service.supervisor.environment import runtime_environment
+from service.supervisor.instance import Instance, LaunchSpec, StartFailed, describe_exit
+from service.supervisor.logs import LineSplitter, LogLine, LogRing
+from service.supervisor.process import (
+    ChildProcess,
+    ProcessLauncher,
+    RuntimeProcess,
+    SpawnError,
+    SubprocessLauncher,
+)
+from service.supervisor.reaper import OrphanRecord, ReapOutcome, ReapResult, reap_orphans
+from service.supervisor.settle import wait_settled
+
+__all__ = [
+    "ChildProcess",
+    "Instance",
+    "LaunchSpec",
+    "LineSplitter",
+    "LogLine",
+    "LogRing",
+    "OrphanRecord",
+    "ProcessLauncher",
+    "ReapOutcome",
+    "ReapResult",
+    "RestartDecision",
+    "RestartPolicy",
+    "RestartTracker",
+    "RuntimeProcess",
+    "SpawnError",
+    "StartFailed",
+    "SubprocessLauncher",
+    "describe_exit",
+    "reap_orphans",
+    "runtime_environment",
+    "wait_settled",
+]

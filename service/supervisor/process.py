@@ -1,0 +1,241 @@
+"""Starting a runtime as a child process group, and the one object that signals it.
+
+Every runtime runs in a session (and so a process group) of its own, created by
+``start_new_session=True``. Runtimes fork: llama.cpp's RPC workers, vLLM's engine core
+and tokenizer processes, Python launchers that exec a worker. Signalling only the pid we
+started would orphan those children, and they keep holding device memory. Signalling the
+group (``os.killpg``) reaches all of them, and the group id doubles as the handle the
+startup reaper (``reaper.py``) uses for whatever a crashed daemon left behind. A new
+session also detaches the runtime from the daemon's terminal, so a Ctrl-C meant for
+``vramd serve`` does not kill runtimes behind the supervisor's back.
+
+The launcher uses ``loop.subprocess_exec`` with a protocol of our own rather than the
+stream wrapper ``asyncio.create_subprocess_exec``: that wrapper's ``Process.wait()`` only
+returns once every pipe is closed, so a grandchild that inherited stdout would hide the
+runtime's exit (and a crash) for as long as it lives. Here the exit is seen when the
+leader exits, output arrives through callbacks (no reader tasks to leak, no 64 KiB
+``readline`` limit), and the transport can be closed explicitly.
+
+Commands are argv lists and never go through a shell (DESIGN section 9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import psutil
+
+from service.clock import Clock, SystemClock
+from service.errors import VramdError
+from service.supervisor.logs import LineSplitter, LogRing
+
+
+class SpawnError(VramdError):
+    """The runtime could not be started at all (no such command, no permission, bad cwd)."""
+
+
+class RuntimeProcess(Protocol):
+    """A started runtime: the group leader, and the group it leads."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def pgid(self) -> int: ...
+
+    @property
+    def proc_start_time(self) -> float:
+        """The kernel's start time of ``pid``, recorded to tell a recycled pid apart later."""
+        ...
+
+    @property
+    def returncode(self) -> int | None:
+        """The leader's exit status once it has exited; negative for a signal."""
+        ...
+
+    async def wait(self) -> int:
+        """Wait for the group leader to exit (not for its pipes) and return its status."""
+        ...
+
+    def send_signal_group(self, sig: int) -> None:
+        """Signal every process in the group; a group that is already gone is not an error."""
+        ...
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Let output still in flight reach the log (up to ``timeout_s``), then release it."""
+        ...
+
+
+class ProcessLauncher(Protocol):
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        log: LogRing,
+    ) -> RuntimeProcess:
+        """Start ``argv`` in a new session; its stdout and stderr lines go to ``log``.
+
+        Raises ``SpawnError`` when the process cannot be started.
+        """
+        ...
+
+
+class SubprocessLauncher:
+    """The real launcher. The clock stamps log lines and stands in for a lost start time."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock if clock is not None else SystemClock()
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        log: LogRing,
+    ) -> ChildProcess:
+        if not argv:
+            raise SpawnError("cannot start a runtime: the command is empty")
+        loop = asyncio.get_running_loop()
+        launched_at = self._clock.now()
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ChildProtocol(log, self._clock, loop),
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SpawnError(_describe_spawn_error(argv[0], cwd, exc)) from exc
+        pid = transport.get_pid()
+        try:
+            start_time = psutil.Process(pid).create_time()
+        except psutil.Error:
+            # Already exited and reaped. Any group member it left was created after
+            # launched_at, so the reaper's "created at or after" test still matches them.
+            start_time = launched_at
+        return ChildProcess(transport, protocol, pid=pid, start_time=start_time)
+
+
+def _describe_spawn_error(program: str, cwd: str | None, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError | NotADirectoryError) and cwd and exc.filename == cwd:
+        return f"cannot start {program!r}: working directory {cwd!r} does not exist"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot start {program!r}: command not found"
+    if isinstance(exc, PermissionError):
+        return f"cannot start {program!r}: permission denied"
+    return f"cannot start {program!r}: {exc.strerror or exc}"
+
+
+class ChildProcess:
+    """A runtime started by ``SubprocessLauncher``; pgid == pid (its own session)."""
+
+    def __init__(
+        self,
+        transport: asyncio.SubprocessTransport,
+        protocol: _ChildProtocol,
+        *,
+        pid: int,
+        start_time: float,
+    ) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._pid = pid
+        self._start_time = start_time
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def pgid(self) -> int:
+        return self._pid
+
+    @property
+    def proc_start_time(self) -> float:
+        return self._start_time
+
+    @property
+    def returncode(self) -> int | None:
+        return self._transport.get_returncode()
+
+    async def wait(self) -> int:
+        await asyncio.shield(self._protocol.exited)
+        code = self._transport.get_returncode()
+        assert code is not None
+        return code
+
+    def send_signal_group(self, sig: int) -> None:
+        # After the leader is reaped the group id stays reserved while any member lives,
+        # so signalling it then still reaches only our leftovers.
+        if self.pgid <= 1:  # killpg(0 or 1) would hit the daemon's own group or init's
+            raise ValueError(f"refusing to signal process group {self.pgid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        if not self._protocol.finished.done():
+            # A member that left the group (its own setsid) may hold the pipes forever.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._protocol.finished), timeout_s)
+        self._protocol.flush()
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"<ChildProcess pid={self._pid} returncode={self.returncode}>"
+
+
+class _ChildProtocol(asyncio.SubprocessProtocol):
+    """Turns pipe data into log lines and the child's exit into futures."""
+
+    def __init__(self, log: LogRing, clock: Clock, loop: asyncio.AbstractEventLoop) -> None:
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._splitters = {
+            1: LineSplitter("stdout", log, clock.now),
+            2: LineSplitter("stderr", log, clock.now),
+        }
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        splitter = self._splitters.get(fd)
+        if splitter is not None:
+            splitter.feed(data.encode() if isinstance(data, str) else data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        splitter = self._splitters.get(fd)
+        if splitter is not None:
+            splitter.flush()
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Exited and every pipe closed: release the transport now, as asyncio's own
+        # stream protocol does, so nothing waits for the garbage collector.
+        if not self.exited.done():
+            self.exited.set_result(None)
+        if not self.finished.done():
+            self.finished.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
+
+    def flush(self) -> None:
+        for splitter in self._splitters.values():
+            splitter.flush()

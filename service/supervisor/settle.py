@@ -1,0 +1,38 @@
+"""The memory-settle barrier: wait until a stopped runtime's memory is really free.
+
+A runtime's exit is not the moment its device memory comes back: the driver tears down
+the context after the process is gone, and an allocator may hand pages back later still.
+Starting the next runtime on the strength of the exit alone races it against that
+teardown and can fail with out-of-memory on a device that is about to have room. So the
+orchestrator starts a replacement only after the probe shows the memory released
+(DESIGN section 4, step 4), and gives up waiting after a timeout: the probe may never
+agree (a foreign process took the memory), and then the caller records an event and lets
+admission decide again with fresh numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from service.clock import Clock
+
+
+async def wait_settled(
+    released: Callable[[], Awaitable[bool]],
+    *,
+    clock: Clock,
+    timeout_s: float,
+    interval_s: float = 0.1,
+) -> bool:
+    """Poll ``released()`` until it says True (return True) or ``timeout_s`` passes (False).
+
+    ``released`` is asked at least once, even with a zero timeout.
+    """
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        if await released():
+            return True
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            return False
+        await clock.sleep(min(interval_s, remaining))
