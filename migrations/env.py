@@ -22,6 +22,7 @@ from alembic import context
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
+from service.errors import StoreError
 from service.store.engine import make_engine
 from service.store.models import Base
 
@@ -61,7 +62,10 @@ def _check_foreign_keys(connection: Connection) -> None:
         return
     broken = connection.execute(text("PRAGMA foreign_key_check")).fetchall()
     if broken:
-        raise RuntimeError(f"migration left rows with broken foreign keys: {broken[:5]}")
+        raise StoreError(
+            f"migrating {connection.engine.url.database} would leave rows with broken "
+            f"foreign keys {broken[:5]}; nothing was changed"
+        )
 
 
 def run_migrations(connection: Connection) -> None:

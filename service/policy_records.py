@@ -39,7 +39,7 @@ def persist_policy(
         session,
         version=record.version,
         services=[service_row(name, svc) for name, svc in policy.services.items()],
-        windows=[window_row(window, now) for window in policy.maintenance.windows],
+        windows=[window_row(window) for window in policy.maintenance.windows],
     )
     return record.version, True
 
@@ -74,7 +74,7 @@ def service_row(name: str, service: Service) -> dict[str, Any]:
     }
 
 
-def window_row(window: Window, now: float) -> dict[str, Any]:
+def window_row(window: Window) -> dict[str, Any]:
     return {
         "name": window.name,
         "cron": window.cron,
@@ -82,5 +82,4 @@ def window_row(window: Window, now: float) -> dict[str, Any]:
         "timezone": window.timezone,
         "restart": window.restart if isinstance(window.restart, str) else list(window.restart),
         "allow": list(window.allow),
-        "created_at": now,
     }

@@ -153,7 +153,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table("half_done", sa.Column("id", sa.Integer, primary_key=True))
-    op.execute("INSERT INTO policy_versions (text) VALUES ('violates NOT NULL')")
+    op.execute(STATEMENT)
 
 
 def downgrade() -> None:
@@ -161,17 +161,32 @@ def downgrade() -> None:
 """
 
 
+@pytest.mark.parametrize(
+    ("statement", "message"),
+    [
+        ("INSERT INTO policy_versions (text) VALUES ('x')", "NOT NULL"),
+        # Foreign keys are off while migrating; the check before the commit catches this.
+        (
+            "INSERT INTO maintenance_windows (name, origin, duration_s, timezone, restart,"
+            " allow, created_at, policy_version)"
+            " VALUES ('w', 'policy', 1, 'UTC', '1', '[]', 0, 42)",
+            "broken foreign keys",
+        ),
+    ],
+)
 def test_failed_migration_leaves_the_database_untouched(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statement: str, message: str
 ) -> None:
     path = tmp_path / "vramd.db"
     open_store(path).close()
     broken = tmp_path / "migrations"
     shutil.copytree(migrations_dir(), broken, ignore=shutil.ignore_patterns("__pycache__"))
-    (broken / "versions" / "0002_broken.py").write_text(BROKEN_REVISION)
+    (broken / "versions" / "0002_broken.py").write_text(
+        f"STATEMENT = {statement!r}\n{BROKEN_REVISION}"
+    )
     monkeypatch.setenv("VRAMD_MIGRATIONS", str(broken))
 
-    with pytest.raises(StoreError, match="NOT NULL") as info:
+    with pytest.raises(StoreError, match=message) as info:
         open_store(path)
 
     assert str(path) in str(info.value)

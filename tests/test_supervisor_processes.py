@@ -290,7 +290,9 @@ async def test_crash_while_ready_backs_off_and_restarts(harness: Harness, tmp_pa
     first_pid = inst.pid
     await wait_until(lambda: inst.restarts == 1 and inst.state is S.READY)
     assert harness.states() == [S.STARTING, S.READY, S.BACKOFF, S.STARTING, S.READY]
-    assert harness.exits == [("svc", 3, "exited with code 3: GGML_ASSERT: fatal error in ggml-cuda.cu")]
+    assert harness.exits == [
+        ("svc", 3, "exited with code 3: GGML_ASSERT: fatal error in ggml-cuda.cu")
+    ]
     assert inst.attempt == 1
     assert inst.pid is not None and inst.pid != first_pid
     assert len(harness.pgids) == 2  # the restart recorded its process too

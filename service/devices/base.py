@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import ModuleType
 from typing import Literal, Protocol
 
@@ -41,6 +41,15 @@ class DeviceProbe(Protocol):
         ``instances`` maps an instance key to its root pid (the process-group leader the
         supervisor spawned). Every key is answered; a key whose processes are gone
         gets zero bytes and no pids.
+        """
+        ...
+
+    def holding(self, pids: Collection[int]) -> set[int]:
+        """Which of ``pids`` still hold memory on a device (the settle barrier's question).
+
+        A runtime's exit is not the moment its memory is free: NVML keeps listing a
+        process until the driver has torn its context down. After a stop, the daemon
+        waits until this returns nothing for the instance's last known pids.
         """
         ...
 

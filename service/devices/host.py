@@ -11,7 +11,7 @@ every long-running machine look full. ``used = total - available`` follows from 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import psutil
 
@@ -42,6 +42,17 @@ class HostProbe:
             managed=sum(tree.host_bytes for tree in trees.values()),
         )
         return ProbeReading(backend=self.backend, devices=(device,), instances=measured)
+
+    def holding(self, pids: Collection[int]) -> set[int]:
+        """Host memory is back when the process is gone (a zombie holds none)."""
+        alive = set()
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.add(pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return alive
 
     def close(self) -> None:
         """Nothing to release; here so every probe can be closed the same way."""

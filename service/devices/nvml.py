@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -168,6 +168,24 @@ class NvmlProbe:
             instances=_instances(trees, device_bytes),
             degraded=degraded,
         )
+
+    def holding(self, pids: Collection[int]) -> set[int]:
+        """The pids that any selected GPU still lists as holding memory.
+
+        On an NVML error the answer is "all of them": a barrier must not open on a
+        reading it could not take.
+        """
+        wanted = set(pids)
+        with self._lock:
+            if self._closed:
+                raise ProbeError("the NVML probe is closed")
+            try:
+                listed: set[int] = set()
+                for gpu in self._gpus:
+                    listed.update(self._processes(gpu, []))
+            except self._nvml.NVMLError:
+                return wanted
+        return wanted & listed
 
     def _memory(self, handle: Any) -> tuple[int, int, int]:
         nvml = self._nvml

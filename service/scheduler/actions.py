@@ -65,7 +65,14 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """A decision explained. ``kind``: admit, evict, wait, refuse, drop-plan, ignored."""
+    """A decision explained, for the event log. ``kind`` is one of:
+
+    admit (a load fits: need, available, budget), evict (victims and why), wait (a load
+    cannot be placed yet, and why), refuse (a load can never fit: who holds the memory),
+    drop-plan (the last waiter of a planned load left), backoff (a crash the supervisor
+    retries), exited (an instance stopped unasked), ignored (an event that changed
+    nothing, such as a duplicate request id).
+    """
 
     service: str | None
     kind: str

@@ -207,7 +207,7 @@ def _check_path(path: Path) -> None:
         )
     if not path.exists():
         return
-    if not os.access(path, os.R_OK | os.W_OK):
+    if not os.access(path, os.W_OK):
         raise StoreError(f"database {path} is read-only; make it writable")
     try:
         with path.open("rb") as f:

@@ -6,14 +6,15 @@ Modules::
     environment.py  runtime_environment: the minimal environment a runtime inherits
     process.py      ProcessLauncher / RuntimeProcess: spawn in a new session, signal the group
     backoff.py      RestartPolicy / RestartTracker: restart delays and give-up, pure
-    instance.py     Instance: the lifecycle of one runtime (start, health, crash, stop)
+    instance.py     Instance: the lifecycle state of one runtime, its restarts, its API
+    run.py          ProcessRun: one process from spawn to reaped (health wait, stop, kill)
     settle.py       wait_settled: the memory-settle barrier before a replacement starts
     reaper.py       reap_orphans: kill what a previous daemon left running, at startup
 """
 
 from service.supervisor.backoff import RestartDecision, RestartPolicy, RestartTracker
 from service.supervisor.environment import runtime_environment
-from service.supervisor.instance import Instance, LaunchSpec, StartFailed, describe_exit
+from service.supervisor.instance import Instance, StartFailed
 from service.supervisor.logs import LineSplitter, LogLine, LogRing
 from service.supervisor.process import (
     ChildProcess,
@@ -21,8 +22,10 @@ from service.supervisor.process import (
     RuntimeProcess,
     SpawnError,
     SubprocessLauncher,
+    describe_exit,
 )
 from service.supervisor.reaper import OrphanRecord, ReapOutcome, ReapResult, reap_orphans
+from service.supervisor.run import LaunchSpec, ProcessRun, RunEnd, RunResult
 from service.supervisor.settle import wait_settled
 
 __all__ = [
@@ -34,11 +37,14 @@ __all__ = [
     "LogRing",
     "OrphanRecord",
     "ProcessLauncher",
+    "ProcessRun",
     "ReapOutcome",
     "ReapResult",
     "RestartDecision",
     "RestartPolicy",
     "RestartTracker",
+    "RunEnd",
+    "RunResult",
     "RuntimeProcess",
     "SpawnError",
     "StartFailed",

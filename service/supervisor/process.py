@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import psutil
 
@@ -88,7 +90,7 @@ class ProcessLauncher(Protocol):
 
 
 class SubprocessLauncher:
-    """The real launcher. The clock stamps log lines and stands in for a lost start time."""
+    """The real launcher; the clock stamps the log lines."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -104,7 +106,9 @@ class SubprocessLauncher:
         if not argv:
             raise SpawnError("cannot start a runtime: the command is empty")
         loop = asyncio.get_running_loop()
-        launched_at = self._clock.now()
+        # Compared with kernel start times, so real wall time; a second early because
+        # psutil derives those from a boot time rounded to whole seconds.
+        launched_at = time.time() - 1.0
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ChildProtocol(log, self._clock, loop),
@@ -123,9 +127,21 @@ class SubprocessLauncher:
             start_time = psutil.Process(pid).create_time()
         except psutil.Error:
             # Already exited and reaped. Any group member it left was created after
-            # launched_at, so the reaper's "created at or after" test still matches them.
+            # launched_at, so the reaper's "created at or after" test still finds them.
             start_time = launched_at
         return ChildProcess(transport, protocol, pid=pid, start_time=start_time)
+
+
+def describe_exit(returncode: int, stderr_tail: str) -> str:
+    """``exited with code 1: CUDA error: out of memory`` / ``killed by signal SIGSEGV``."""
+    if returncode < 0:
+        try:
+            head = f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            head = f"killed by signal {-returncode}"
+    else:
+        head = f"exited with code {returncode}"
+    return f"{head}: {stderr_tail}" if stderr_tail else head
 
 
 def _describe_spawn_error(program: str, cwd: str | None, exc: OSError) -> str:
@@ -209,8 +225,9 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
         }
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self._transport = transport
+        # uvloop's transport (uvicorn runs on uvloop) implements the SubprocessTransport
+        # interface without subclassing it, so no isinstance check here.
+        self._transport = cast(asyncio.SubprocessTransport, transport)
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
         splitter = self._splitters.get(fd)

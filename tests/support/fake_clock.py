@@ -50,11 +50,13 @@ class FakeClock:
     async def advance(self, seconds: float) -> None:
         """Move time forward, waking sleepers in deadline order, and let woken code run.
 
-        Time stops at each deadline on the way, so a sleeper that wakes and sleeps again
-        within the interval is woken again too.
+        Ready tasks run first, so a task created just before this call starts its sleep
+        at the old time. Time stops at each deadline on the way, so a sleeper that wakes
+        and sleeps again within the interval is woken again too.
         """
         if seconds < 0:
             raise ValueError("time does not go backwards")
+        await settle()  # tasks created just before get to start their sleeps first
         target = self._mono + seconds
         while True:
             self._drop_cancelled()

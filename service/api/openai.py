@@ -1,0 +1,245 @@
+"""The OpenAI-compatible routes (``/v1``, DESIGN sections 3 and 6).
+
+A route reads just enough of a request to route it: the body (size-limited), and the
+``model`` named in it, from the JSON object or from the multipart form field. It asks the
+orchestrator which service serves that model on this route and hands the rest to
+``service.proxy.ProxyResponse``, which queues, forwards and relays.
+
+The client's bytes are forwarded as they came. A body is re-encoded only when the service
+sets ``upstream_model``: JSON is then dumped again with the new model, and a multipart
+body gets the model field's value replaced in place (files are never parsed or copied
+twice; a find over the already-read body locates the field).
+
+Every route here requires an API key when ``server.api_keys`` is set (``auth.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from service.api.auth import require_api_key
+from service.domain import ROUTES_BY_KIND, ServiceKind
+from service.errors import InvalidRequest, ModelNotFound
+from service.proxy import (
+    ClientRequest,
+    LeaseProvider,
+    ProxyConfig,
+    ProxyResponse,
+    forwarded_headers,
+)
+from service.units import format_size
+
+STARTED = int(time.time())  # the "created" of every model: when this daemon started
+
+PROXIED_ROUTES = tuple(route for routes in ROUTES_BY_KIND.values() for route in routes)
+# Routes that carry files (or make them), held to server.max_upload_body rather than
+# server.max_json_body.
+UPLOAD_ROUTES = frozenset(
+    ROUTES_BY_KIND[ServiceKind.DIFFUSION] + ROUTES_BY_KIND[ServiceKind.SPEECH]
+)
+
+
+# Async so that FastAPI resolves them on the event loop, not in its thread pool.
+async def get_leases(request: Request) -> LeaseProvider:
+    leases: LeaseProvider = request.app.state.daemon.orchestrator
+    return leases
+
+
+async def get_proxy_config(request: Request) -> ProxyConfig:
+    config = getattr(request.app.state, "proxy", None)
+    if not isinstance(config, ProxyConfig):
+        raise RuntimeError("app.state.proxy is not set: the app factory must set a ProxyConfig")
+    return config
+
+
+LeasesDep = Annotated[LeaseProvider, Depends(get_leases)]
+ProxyConfigDep = Annotated[ProxyConfig, Depends(get_proxy_config)]
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(require_api_key)])
+
+
+@router.get("/models")
+async def list_models(leases: LeasesDep) -> dict[str, Any]:
+    """Every model name clients may send, with the state of the service behind it."""
+    return {"object": "list", "data": [_model_entry(entry) for entry in leases.models()]}
+
+
+@router.get("/models/{model}")
+async def get_model(model: str, leases: LeasesDep) -> dict[str, Any]:
+    for entry in leases.models():
+        if entry["id"] == model:
+            return _model_entry(entry)
+    raise ModelNotFound(f"model {model!r} is not served here")
+
+
+def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"object": "model", "created": STARTED, **entry, "owned_by": "vramd"}
+
+
+def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
+    upload = route in UPLOAD_ROUTES
+
+    async def proxy(request: Request, leases: LeasesDep, config: ProxyConfigDep) -> Response:
+        limit, setting = (
+            (config.max_upload_body, "server.max_upload_body")
+            if upload
+            else (config.max_json_body, "server.max_json_body")
+        )
+        body = await read_body(request, limit, setting)
+        content_type = request.headers.get("content-type", "")
+        model, with_model = find_model(body, content_type)
+        service = leases.resolve(model, route)
+        query = request.url.query
+        client_request = ClientRequest(
+            path=f"{route}?{query}" if query else route,
+            body=body,
+            headers=forwarded_headers(request.headers),
+            model=model,
+            with_model=with_model,
+        )
+        return ProxyResponse(leases=leases, service=service, request=client_request, config=config)
+
+    proxy.__name__ = "proxy_" + route.removeprefix("/v1/").replace("/", "_")
+    return proxy
+
+
+for _route in PROXIED_ROUTES:
+    router.add_api_route(
+        _route.removeprefix("/v1"),
+        _proxy_route(_route),
+        methods=["POST"],
+        summary=f"Proxied to the runtime serving the request's model ({_route})",
+    )
+
+
+# --- the request body ---------------------------------------------------------------------
+
+
+async def read_body(request: Request, limit: int, setting: str) -> bytes:
+    """The whole body, refused (413) as soon as it is known to exceed ``limit``: from
+    Content-Length before reading, and while reading when the body is chunked."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit, setting)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit, setting)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int, setting: str) -> HTTPException:
+    return HTTPException(413, f"request body larger than {format_size(limit)} ({setting})")
+
+
+ModelRewrite = Callable[[str], bytes]
+
+
+def find_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite]:
+    """The model a request names, and a function giving its body with another model."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "multipart/form-data":
+        return _form_model(body, content_type)
+    if media in ("", "application/json") or media.endswith("+json"):
+        return _json_model(body)
+    raise HTTPException(
+        415,
+        f"unsupported content type {media!r}: send application/json, "
+        "or multipart/form-data for file uploads",
+    )
+
+
+def _json_model(body: bytes) -> tuple[str, ModelRewrite]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(f"malformed JSON body: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string")
+
+    def with_model(name: str) -> bytes:
+        rewritten = {**payload, "model": name}
+        return json.dumps(rewritten, ensure_ascii=False, separators=(",", ":")).encode()
+
+    return model, with_model
+
+
+_BOUNDARY = re.compile(r';\s*boundary\s*=\s*(?:"([^"]+)"|([^\s;]+))', re.IGNORECASE)
+_FIELD_NAME = re.compile(rb';\s*name\s*=\s*(?:"([^"]*)"|([^\s;]*))', re.IGNORECASE)
+
+
+def _form_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite]:
+    found = _BOUNDARY.search(content_type)
+    if found is None:
+        raise InvalidRequest("multipart/form-data without a boundary")
+    boundary = (found.group(1) or found.group(2)).encode("latin-1")
+    span = form_field(body, boundary, b"model")
+    if span is None:
+        raise InvalidRequest("the multipart form field 'model' is required")
+    start, end = span
+    try:
+        model = body[start:end].decode()
+    except UnicodeDecodeError:
+        raise InvalidRequest("the multipart form field 'model' is not UTF-8 text") from None
+    if not model:
+        raise InvalidRequest("the multipart form field 'model' must not be empty")
+
+    def with_model(name: str) -> bytes:
+        return b"".join((body[:start], name.encode(), body[end:]))
+
+    return model, with_model
+
+
+def form_field(body: bytes, boundary: bytes, name: bytes) -> tuple[int, int] | None:
+    """Where the value of form field ``name`` lies in a multipart body (RFC 7578).
+
+    Only part headers are looked at; each part's content is skipped with one ``find``
+    for the next delimiter, so a large file costs a scan, not a copy.
+    """
+    delimiter = b"--" + boundary
+    separator = b"\r\n" + delimiter
+    if body.startswith(delimiter):
+        pos = 0
+    else:  # a preamble before the first delimiter
+        pos = body.find(separator)
+        if pos < 0:
+            raise InvalidRequest("malformed multipart body: no boundary delimiter")
+        pos += 2
+    while True:
+        pos += len(delimiter)
+        if body.startswith(b"--", pos):
+            return None  # the closing delimiter
+        line_end = body.find(b"\r\n", pos)
+        head_end = body.find(b"\r\n\r\n", line_end) if line_end >= 0 else -1
+        if head_end < 0:
+            raise InvalidRequest("malformed multipart body: a part without headers")
+        start = head_end + 4
+        end = body.find(separator, start)
+        if end < 0:
+            raise InvalidRequest("malformed multipart body: a part is not closed")
+        if _part_name(body[line_end + 2 : head_end]) == name:
+            return start, end
+        pos = end + 2
+
+
+def _part_name(head: bytes) -> bytes | None:
+    for line in head.split(b"\r\n"):
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"content-disposition":
+            found = _FIELD_NAME.search(value)
+            return None if found is None else (found.group(1) or found.group(2))
+    return None

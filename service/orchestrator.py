@@ -1,0 +1,578 @@
+"""The orchestrator: the single owner of live state (DESIGN section 2).
+
+It feeds events to the pure scheduler (``service.scheduler``) and carries out the plan
+each event produces: starting and stopping runtimes through the supervisor, granting or
+refusing waiting requests, recording every decision as an event. Nothing else starts or
+stops a process or decides who gets memory; the API asks the orchestrator
+(``acquire``/``release`` for requests, ``load``/``unload``/``restart`` for operators).
+
+Events are fed one at a time: an event raised while a plan is being carried out (an
+instance callback firing synchronously, say) is queued and handled after it, so the
+scheduler always sees a consistent order. Slow work (spawning, stopping, waiting for
+memory to settle) runs in tasks that report back with further events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from service.clock import Clock
+from service.devices import DeviceProbe
+from service.domain import ROUTES_BY_KIND, InstanceState, ProbeReading
+from service.errors import (
+    InsufficientCapacity,
+    InvalidRequest,
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    RequestRejected,
+    RuntimeFailed,
+    ServiceNotFound,
+    WindowClosed,
+)
+from service.eventlog import EventLog
+from service.policy import Policy
+from service.proxy import Lease
+from service.runtimes import ServiceRuntime, free_loopback_port, launch_args
+from service.sampling import Sampler
+from service.scheduler import (
+    Action,
+    Event,
+    Grant,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    Learned,
+    LoadRequested,
+    Note,
+    PolicyChanged,
+    Reject,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    Scheduler,
+    Start,
+    Stop,
+    Tick,
+    UnloadRequested,
+    rules_from_policy,
+)
+from service.settings import Settings
+from service.store import Store, queries
+from service.supervisor import (
+    Instance,
+    LogRing,
+    OrphanRecord,
+    ProcessLauncher,
+    RestartPolicy,
+    StartFailed,
+    SubprocessLauncher,
+    reap_orphans,
+    wait_settled,
+)
+from service.views import service_view, status_view
+
+log = logging.getLogger("vramd.orchestrator")
+
+S = InstanceState
+TICK_S = 0.2
+_REJECTIONS: dict[str, type[RequestRejected]] = {
+    "queue_full": QueueFull,
+    "queue_timeout": QueueTimeout,
+    "insufficient_capacity": InsufficientCapacity,
+    "window_closed": WindowClosed,
+    "runtime_failed": RuntimeFailed,
+    "model_not_found": ModelNotFound,
+}
+_PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future[Lease]
+    service: str
+    arrived: float
+    cold: bool
+
+
+@dataclass
+class _Tasks:
+    """Background work the orchestrator started and must finish or cancel at close."""
+
+    running: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.running.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def cancel_all(self) -> None:
+        for task in list(self.running):
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        store: Store,
+        probe: DeviceProbe,
+        clock: Clock,
+        settings: Settings,
+        launcher: ProcessLauncher | None = None,
+    ) -> None:
+        self.policy = policy
+        self.events = EventLog(store, clock)
+        self._store = store
+        self._probe = probe
+        self._clock = clock
+        self._settings = settings
+        self._launcher = launcher or SubprocessLauncher(clock)
+        self._health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+        self.runtimes = {name: self._new_runtime(name) for name in policy.services}
+        learned = self._restore_stats()
+        rules, device_rule = rules_from_policy(policy)
+        self._scheduler = Scheduler(rules, device_rule, learned=learned)
+        self._device_rule = device_rule
+        self._waiters: dict[str, _Waiter] = {}
+        self._pending: deque[Event] = deque()
+        self._feeding = False
+        self._tasks = _Tasks()
+        self._loops = _Tasks()
+        self._closing = False
+        self.sampler = Sampler(self, probe=probe, store=store, clock=clock)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Reap what a previous daemon left, take a first sample, start pinned services."""
+        await self._reap_orphans()
+        await self.sampler.sample_once()
+        rules, device_rule = rules_from_policy(self.policy)
+        self.events.record(
+            "policy",
+            f"policy active: {len(rules)} services, backend {self._probe.backend}",
+            data={"services": sorted(rules)},
+        )
+        self.feed(PolicyChanged(rules, device_rule))
+        self._loops.spawn(self.sampler.run(), "sampler")
+        self._loops.spawn(self._tick_loop(), "ticker")
+
+    async def close(self) -> None:
+        """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
+        self._closing = True
+        await self._loops.cancel_all()
+        for request_id, waiter in list(self._waiters.items()):
+            self._waiters.pop(request_id, None)
+            if not waiter.future.done():
+                waiter.future.set_exception(
+                    InsufficientCapacity("vramd is shutting down", retry_after=5)
+                )
+        await asyncio.gather(
+            *(
+                rt.instance.stop("daemon shutting down", timeout_s=rt.spec.stop_timeout)
+                for rt in self.runtimes.values()
+            ),
+            return_exceptions=True,
+        )
+        await self._tasks.cancel_all()
+        for rt in self.runtimes.values():
+            await rt.close_client()
+        await self._health_http.aclose()
+        self.sampler.flush_counters()
+        self.events.record("daemon", "vramd stopped; every runtime was stopped")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await self._clock.sleep(TICK_S)
+            self.feed(Tick())
+
+    async def _reap_orphans(self) -> None:
+        with self._store.session() as session:
+            live = queries.live_instances(session)
+            records = [
+                (row.id, row.service, OrphanRecord(row.pid, row.pgid, row.proc_start_time))
+                for row in live
+            ]
+        if not records:
+            return
+        results = await asyncio.to_thread(reap_orphans, [r for _, _, r in records])
+        now = self._clock.now()
+        with self._store.session() as session:
+            for (instance_id, _, _), result in zip(records, results, strict=True):
+                reaped = result.outcome.value == "reaped"
+                queries.record_instance_exit(
+                    session,
+                    instance_id=instance_id,
+                    stopped_at=now,
+                    exit_code=None,
+                    reason="reaped at startup" if reaped else "gone before startup",
+                    reaped=reaped,
+                )
+        for (instance_id, service, record), result in zip(records, results, strict=True):
+            if result.outcome.value == "reaped":
+                self.events.record(
+                    "reap",
+                    f"killed pid {record.pid} of {service}, left running by a previous vramd",
+                    service=service,
+                    instance_id=instance_id,
+                    data={"pid": record.pid, "pgid": record.pgid},
+                )
+
+    # ------------------------------------------------------------- the event pump
+
+    def feed(self, event: Event) -> None:
+        """Hand one event to the scheduler and carry out its plan (re-entrant safe)."""
+        self._pending.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._pending:
+                actions = self._scheduler.handle(self._pending.popleft(), self._clock.monotonic())
+                for action in actions:
+                    self._act(action)
+        finally:
+            self._feeding = False
+
+    def _act(self, action: Action) -> None:
+        match action:
+            case Start():
+                rt = self.runtimes[action.service]
+                self._tasks.spawn(self._start(rt, action), f"start {rt.name}")
+            case Stop(drain=True):
+                rt = self.runtimes[action.service]
+                if rt.instance.state is S.READY:
+                    rt.instance.begin_draining(action.reason)
+            case Stop():
+                rt = self.runtimes[action.service]
+                self._tasks.spawn(self._stop(rt, action.reason), f"stop {rt.name}")
+            case Grant():
+                self._grant(action)
+            case Reject():
+                self._reject(action)
+            case Note():
+                if action.kind == "evict":
+                    for victim in action.data.get("victims", []):
+                        self.runtimes[str(victim)].counters["evictions"] += 1
+                self.events.record(
+                    action.kind, action.message, service=action.service, data=action.data
+                )
+
+    def _grant(self, action: Grant) -> None:
+        waiter = self._waiters.pop(action.request_id, None)
+        rt = self.runtimes[action.service]
+        if waiter is None or waiter.future.done() or rt.client is None or rt.base_url is None:
+            # Nobody can use this grant any more: give the slot straight back.
+            self.feed(RequestFinished(action.request_id))
+            return
+        waited = self._clock.monotonic() - waiter.arrived
+        waiter.future.set_result(
+            Lease(
+                request_id=action.request_id,
+                service=rt.name,
+                base_url=rt.base_url,
+                client=rt.client,
+                upstream_model=rt.spec.upstream_model,
+                queue_ms=waited * 1000,
+                cold_start=waiter.cold,
+            )
+        )
+
+    def _reject(self, action: Reject) -> None:
+        waiter = self._waiters.pop(action.request_id, None)
+        if waiter is None or waiter.future.done():
+            return
+        error = _REJECTIONS.get(action.code, RuntimeFailed)
+        waiter.future.set_exception(error(action.message, retry_after=action.retry_after))
+        self.events.record(
+            "reject",
+            f"request refused ({action.code}): {action.message}",
+            service=action.service,
+            data={"code": action.code, "retry_after": action.retry_after},
+        )
+
+    # ------------------------------------------------------------ runtime control
+
+    def _new_runtime(self, name: str) -> ServiceRuntime:
+        spec = self.policy.services[name]
+        ring = LogRing()
+        restart = RestartPolicy(
+            max_retries=spec.restart.max_retries,
+            backoff_s=spec.restart.backoff,
+            max_backoff_s=max(spec.restart.max_backoff, spec.restart.backoff),
+        )
+        holder: list[ServiceRuntime] = []
+        instance = Instance(
+            name,
+            launcher=self._launcher,
+            clock=self._clock,
+            http=self._health_http,
+            log=ring,
+            on_state=lambda inst, old, new, why: self._on_state(holder[0], old, new, why),
+            restart_policy=restart,
+        )
+        rt = ServiceRuntime(name=name, spec=spec, instance=instance, log=ring)
+        holder.append(rt)
+        return rt
+
+    async def _start(self, rt: ServiceRuntime, action: Start) -> None:
+        ledger = self._scheduler.ledger_view(action.device)
+        args = launch_args(
+            rt.name,
+            rt.spec,
+            port=free_loopback_port(),
+            device=action.device,
+            device_total=ledger.total if ledger else None,
+            set_cuda_device=self._probe.backend == "nvml",
+        )
+        rt.device = action.device
+        rt.peak = 0
+        rt.counters["loads"] += 1
+        self.events.record(
+            "load",
+            f"starting {rt.name} on device {action.device} ({action.reason})",
+            service=rt.name,
+            data={"device": action.device, "argv": args.argv, "port": args.port},
+        )
+
+        async def spawned(proc: Any) -> None:
+            rt.last_pids = (proc.pid,)
+            with self._store.session() as session:
+                rt.instance_id = queries.record_instance_spawn(
+                    session,
+                    service=rt.name,
+                    pid=proc.pid,
+                    pgid=proc.pgid,
+                    proc_start_time=proc.proc_start_time,
+                    port=args.port,
+                    device=action.device,
+                    started_at=self._clock.now(),
+                )
+
+        # A failed start needs nothing here: on_state has told the scheduler (backoff or
+        # failed) and recorded why.
+        with contextlib.suppress(StartFailed):
+            await rt.instance.start(
+                args.argv,
+                env=args.env,
+                cwd=args.cwd,
+                port=args.port,
+                health_url=args.health_url,
+                startup_timeout_s=rt.spec.startup_timeout,
+                on_spawned=spawned,
+            )
+
+    async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
+        pids = rt.last_pids
+        await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
+        await self._settle(rt, pids)
+
+    async def _settle(self, rt: ServiceRuntime, pids: tuple[int, ...]) -> None:
+        """Report the instance stopped once the probe shows its memory released."""
+        await rt.close_client()
+
+        async def released() -> bool:
+            return not pids or not await asyncio.to_thread(self._probe.holding, pids)
+
+        timeout = self._settings.settle_timeout
+        if not await wait_settled(released, clock=self._clock, timeout_s=timeout):
+            self.events.record(
+                "settle-timeout",
+                f"{rt.name}: memory of pids {list(pids)} still held {timeout:g}s after exit; "
+                "admitting with fresh figures anyway",
+                service=rt.name,
+            )
+        rt.footprint = rt.host_bytes = 0
+        self.feed(InstanceStopped(rt.name))
+
+    def _on_state(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
+        """Every instance transition: record it, and tell the scheduler what it means."""
+        inst = rt.instance
+        self.events.record(
+            "state",
+            f"{rt.name}: {old} -> {new} ({reason})",
+            service=rt.name,
+            instance_id=rt.instance_id,
+            data={"from": old.value, "to": new.value, "pid": inst.pid},
+        )
+        if old is S.BACKOFF and new is S.STARTING:
+            rt.counters["restarts"] += 1
+        if new is S.READY:
+            assert inst.port is not None
+            rt.open_client(inst.port)
+            rt.last_load_s = inst.load_s
+            self.sampler.record_ready(rt)
+            self.feed(InstanceReady(rt.name))
+        elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
+            self.sampler.record_exit(rt, reason)
+            if new is S.BACKOFF:
+                self._tasks.spawn(rt.close_client(), f"close {rt.name}")
+                self.feed(InstanceBackoff(rt.name, inst.last_error or reason))
+            elif new is S.FAILED:
+                if inst.attempt > rt.spec.restart.max_retries:
+                    rt.flags.add("crash-looping")
+                self._tasks.spawn(rt.close_client(), f"close {rt.name}")
+                self.feed(InstanceFailed(rt.name, inst.last_error or reason))
+            elif old is not S.STOPPING and not self._closing:
+                # It left on its own (exited while draining): settle, then report.
+                self._tasks.spawn(self._settle(rt, rt.last_pids), f"settle {rt.name}")
+
+    # ------------------------------------------------------------- for the proxy
+
+    def resolve(self, model: str, route: str) -> str:
+        """The service that serves ``model``; 404 if none, 400 if it cannot serve ``route``."""
+        name = self.policy.service_for_model(model)
+        if name is None:
+            raise ModelNotFound(f"model {model!r} is not served here; see GET /v1/models")
+        kind = self.policy.services[name].kind
+        if route not in ROUTES_BY_KIND[kind]:
+            raise InvalidRequest(f"model {model!r} is a {kind} model and does not serve {route}")
+        return name
+
+    async def acquire(self, service: str, *, request_id: str | None = None) -> Lease:
+        """Wait for a slot on a ready instance of ``service`` (loading it if needed)."""
+        request_id = request_id or uuid.uuid4().hex
+        rt = self.runtimes[service]
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = _Waiter(
+            future, service, self._clock.monotonic(), cold=rt.instance.state is not S.READY
+        )
+        self.feed(RequestArrived(request_id, service))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The client went away. Withdraw the request; a load others wait for goes on.
+            if self._waiters.pop(request_id, None) is not None:
+                self.feed(RequestCancelled(request_id))
+            raise
+
+    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+        rt = self.runtimes.get(lease.service)
+        if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):
+            rt.counters["requests_served"] += 1
+        self.feed(RequestFinished(lease.request_id))
+
+    def models(self) -> list[dict[str, Any]]:
+        out = []
+        for name, spec in self.policy.services.items():
+            state = self.runtimes[name].instance.state.value
+            out += [
+                {"id": model, "service": name, "kind": spec.kind.value, "state": state}
+                for model in spec.models
+            ]
+        return out
+
+    # --------------------------------------------------------------- for operators
+
+    def runtime(self, name: str) -> ServiceRuntime:
+        rt = self.runtimes.get(name)
+        if rt is None:
+            raise ServiceNotFound(f"no service named {name!r}")
+        return rt
+
+    async def load(self, name: str) -> dict[str, Any]:
+        """Load a service (clears ``failed``) and wait until it is ready or refused."""
+        rt = self.runtime(name)
+        rt.flags.discard("crash-looping")
+        self.events.record("operator", f"load {name} requested", service=name)
+        self.feed(LoadRequested(name))
+        deadline = self._clock.monotonic() + rt.spec.startup_timeout + 30
+        while self._clock.monotonic() < deadline:
+            state = rt.instance.state
+            view = self._scheduler.service_view(name)
+            if state is S.READY:
+                return self.service_view(name)
+            if state is S.FAILED:
+                raise RuntimeFailed(f"{name} failed to load: {rt.instance.last_error}")
+            if view.state == "stopped" and not view.waiting_for_memory and view.error:
+                raise InsufficientCapacity(view.error)
+            await self._clock.sleep(0.05)
+        return self.service_view(name)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        """Drain and stop a service (pinned ones stay down until loaded again)."""
+        rt = self.runtime(name)
+        self.events.record("operator", f"unload {name} requested", service=name)
+        self.feed(UnloadRequested(name))
+        deadline = self._clock.monotonic() + rt.spec.stop_timeout + self._settings.settle_timeout
+        while self._clock.monotonic() < deadline + 5:
+            if self._scheduler.service_view(name).state in ("stopped", "failed"):
+                break
+            await self._clock.sleep(0.05)
+        return self.service_view(name)
+
+    async def restart(self, name: str) -> dict[str, Any]:
+        await self.unload(name)
+        return await self.load(name)
+
+    def logs(self, name: str, tail: int) -> list[dict[str, Any]]:
+        rt = self.runtime(name)
+        return [
+            {"ts": line.ts, "stream": line.stream, "text": line.text} for line in rt.log.tail(tail)
+        ]
+
+    # ------------------------------------------------------------------- views
+
+    def service_view(self, name: str) -> dict[str, Any]:
+        rt = self.runtime(name)
+        return service_view(rt, self._scheduler.service_view(name, self._clock.monotonic()))
+
+    def services_view(self) -> list[dict[str, Any]]:
+        return [self.service_view(name) for name in self.runtimes]
+
+    def status(self) -> dict[str, Any]:
+        return status_view(
+            reading=self.sampler.last_reading,
+            ledgers=[self._scheduler.ledger_view(d) for d in self._scheduler.devices()],
+            headroom=self._device_rule.headroom,
+            services=self.services_view(),
+        )
+
+    def health(self) -> dict[str, Any]:
+        reading: ProbeReading | None = self.sampler.last_reading
+        return {
+            "ok": not self._closing,
+            "backend": self._probe.backend,
+            "degraded": reading.degraded if reading else None,
+            "services": {name: rt.instance.state.value for name, rt in self.runtimes.items()},
+        }
+
+    # -------------------------------------------------------------- internals
+
+    def _restore_stats(self) -> dict[str, Learned]:
+        """Counters and learned figures survive daemon restarts (SQLite); flags describe
+        an instance, and every instance of a new daemon is new, so they start clear."""
+        learned = {}
+        with self._store.session() as session:
+            for stats in queries.all_stats(session):
+                rt = self.runtimes.get(stats.service)
+                if rt is None:
+                    continue
+                for key in rt.counters:
+                    rt.counters[key] = int(getattr(stats, key) or 0)
+                rt.learned_peak = stats.learned_peak_bytes
+                rt.learned_load_s = stats.learned_load_s
+                learned[stats.service] = Learned(stats.learned_peak_bytes, stats.learned_load_s)
+        return learned
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler

@@ -1,0 +1,491 @@
+"""Forwarding one leased request to one runtime, and relaying its answer to the client.
+
+The router (``service.api.openai``) reads and checks the client's request and names the
+service; ``ProxyResponse`` does the rest, as an ASGI response so that one object sees the
+whole exchange:
+
+    acquire a lease (queue, maybe a load)  ->  POST to lease.base_url + path
+    ->  relay status, headers and body     ->  release the lease, exactly once
+
+Answers are relayed as they come. An SSE answer (``text/event-stream``) is passed on event
+by event, never buffered; an answer of unknown length (chunked) is passed on chunk by
+chunk; an answer whose length the runtime announced (JSON, audio, images) and every error
+answer is read whole first, so a runtime that dies half-way through it becomes a clean
+502 instead of a truncated body.
+
+Cancellation, both ways:
+
+- The client hangs up. The body has been read, so the next ASGI ``receive`` message is
+  ``http.disconnect``; a watcher task waits for it and cancels the exchange wherever it
+  is: in the queue (the provider withdraws the request), waiting for the runtime's first
+  byte, or relaying a stream. Closing the upstream response closes its connection, so the
+  runtime sees the disconnect and stops generating for nobody.
+- The runtime dies or stalls. Before the answer has started: 502 ``runtime_failed`` or
+  504 ``runtime_timeout``. Mid-stream: the client's event stream ends with an
+  OpenAI-shaped error event (never a half event, never a hang). Mid-way through a chunked
+  non-SSE body there is no way to say so in-band, so the connection is aborted
+  (``UpstreamBroken``) rather than letting a truncated body pass for a whole one.
+
+Why not Starlette's ``StreamingResponse``: under ASGI 2.3 (uvicorn) it notices a
+disconnect only while streaming, not while the request waits in the queue or for the
+first byte, and a disconnect that lands while a chunk is being written leaves the body
+generator suspended, so a release in its ``finally`` would wait for the garbage collector.
+
+Per request this module does no JSON work at all; the router re-encodes a body only when
+``Lease.upstream_model`` asks for a rewrite. Timeouts and header tables are built once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from service.api.errors import rejection_response
+from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
+from service.policy import ServerConfig
+
+log = logging.getLogger("vramd.proxy")
+
+MIB = 1024 * 1024
+ERROR_TEXT_LIMIT = 4096  # of an upstream error body, handed to release() for diagnosis
+
+# Request headers worth passing on. Everything else stays here: Authorization holds the
+# client's vramd key, Host and Content-Length are recomputed, cookies mean nothing to a
+# runtime.
+FORWARDED_REQUEST_HEADERS = ("content-type", "accept")
+
+# Response headers not passed back: hop-by-hop ones (RFC 9110 section 7.6.1), the ones
+# recomputed because the body is re-framed and decoded, and the ones the server adds.
+_DROPPED_RESPONSE_HEADERS = frozenset(
+    b"connection keep-alive proxy-authenticate proxy-authorization proxy-connection te "
+    b"trailer trailers transfer-encoding upgrade content-length content-encoding date "
+    b"server".split()
+)
+
+
+class Outcome(enum.StrEnum):
+    """How a leased request ended, as reported to ``LeaseProvider.release``."""
+
+    OK = "ok"
+    UPSTREAM_ERROR = "upstream_error"  # the runtime answered 4xx/5xx
+    CLIENT_GONE = "client_gone"
+    RUNTIME_FAILED = "runtime_failed"  # unreachable, or died before the answer was whole
+    RUNTIME_TIMEOUT = "runtime_timeout"
+    PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
+
+
+@dataclass(slots=True)
+class Lease:
+    """The right to send one request to one ready runtime instance, until released."""
+
+    request_id: str
+    service: str
+    base_url: str  # the instance, e.g. "http://127.0.0.1:41234"
+    client: httpx.AsyncClient  # the instance's pooled client; owned by the orchestrator
+    upstream_model: str | None = None  # rewrite "model" to this before forwarding
+    queue_ms: float = 0.0  # time spent waiting (queue + load)
+    cold_start: bool = False  # the request waited for a load
+
+
+class LeaseProvider(Protocol):
+    """What the proxy needs from the orchestrator (the single owner of live state)."""
+
+    def resolve(self, model: str, route: str) -> str:
+        """The service serving ``model`` on ``route``.
+
+        Raises ModelNotFound (404), or InvalidRequest (400) when the service's kind does
+        not serve the route.
+        """
+        ...
+
+    async def acquire(self, service: str, *, request_id: str) -> Lease:
+        """Wait for a slot at a ready instance (queueing, loading as needed).
+
+        Raises ``RequestRejected`` subclasses (QueueFull, InsufficientCapacity, ...). If
+        the awaiting task is cancelled (the client went away) the provider withdraws the
+        request itself.
+        """
+        ...
+
+    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+        """Called exactly once per acquired lease, however the request ended.
+
+        ``error`` carries the upstream error text (body or message), so the orchestrator
+        can spot out-of-memory reports.
+        """
+        ...
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model name: ``[{"id", "service", "kind", "state"}, ...]``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Body limits and upstream timeouts (seconds), built once from the policy.
+
+    ``first_byte_timeout`` runs from sending the request to the runtime's response
+    headers; a non-streaming generation answers only when it is done, so it is long.
+    ``read_timeout`` is the longest silence allowed once the answer has begun: a stream
+    that stalls this long is ended with a ``runtime_timeout`` error event.
+    """
+
+    max_json_body: int = 4 * MIB
+    max_upload_body: int = 64 * MIB
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 600.0
+    read_timeout: float = 300.0
+    write_timeout: float = 60.0
+    upstream_timeout: httpx.Timeout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # httpx's own read timeout is only a backstop: the two above are enforced with
+        # asyncio.timeout, since httpx applies one read timeout to every socket read.
+        backstop = max(self.first_byte_timeout, self.read_timeout)
+        timeout = httpx.Timeout(
+            connect=self.connect_timeout,
+            read=backstop,
+            write=self.write_timeout,
+            pool=self.connect_timeout,
+        )
+        object.__setattr__(self, "upstream_timeout", timeout)
+
+    @classmethod
+    def from_server(cls, server: ServerConfig, **timeouts: float) -> ProxyConfig:
+        """The policy's ``server.max_json_body`` / ``max_upload_body``, plus timeouts."""
+        return cls(
+            max_json_body=server.max_json_body,
+            max_upload_body=server.max_upload_body,
+            **timeouts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """A client's request as the router hands it over: checked, its model found."""
+
+    path: str  # forwarded as is, query string included
+    body: bytes  # the client's bytes, forwarded untouched unless the model is rewritten
+    headers: tuple[tuple[str, str], ...]  # the subset in FORWARDED_REQUEST_HEADERS
+    model: str
+    with_model: Callable[[str], bytes]  # the body with its model replaced
+
+    def body_for(self, upstream_model: str | None) -> bytes:
+        if upstream_model is None or upstream_model == self.model:
+            return self.body
+        return self.with_model(upstream_model)
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (name, value) for name in FORWARDED_REQUEST_HEADERS if (value := headers.get(name))
+    )
+
+
+def new_request_id() -> str:
+    return "req-" + secrets.token_hex(8)
+
+
+class UpstreamBroken(Exception):
+    """A runtime failed mid-way through a chunked non-SSE answer that had already begun.
+
+    Raised out of the ASGI app on purpose: the server then drops the connection, which
+    is the only way left to tell the client that the body it got is not whole.
+    """
+
+    def __init__(self, failure: RequestRejected) -> None:
+        super().__init__(failure.message)
+        self.outcome = Outcome(failure.code)
+
+
+class _DisconnectWatch:
+    """Cancels the task serving a request when its client hangs up.
+
+    Like ``asyncio.timeout`` with the hang-up as the deadline: the cancellation is told
+    apart from any other by ``gone`` and ``Task.uncancel``. ``send`` is wrapped so that
+    the ``http.disconnect`` a server reports once the response is complete is not taken
+    for a hang-up.
+    """
+
+    __slots__ = ("_complete", "_task", "_watcher", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._complete = False
+        self.gone = False
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self._complete:
+            self.gone = True
+            self._task.cancel()
+
+    def wrap(self, send: Send) -> Send:
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self._complete = True
+            await send(message)
+
+        return wrapped
+
+    def absorbs(self) -> bool:
+        """True when a CancelledError came from the hang-up alone and should end quietly."""
+        return self.gone and self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._watcher.cancel()
+
+
+class ProxyResponse(Response):
+    """The whole proxied exchange for one client request, run as its ASGI response."""
+
+    def __init__(
+        self,
+        *,
+        leases: LeaseProvider,
+        service: str,
+        request: ClientRequest,
+        config: ProxyConfig,
+        request_id: str | None = None,
+    ) -> None:
+        # Response.__init__ would render a body; this response produces its own.
+        self.status_code = 200
+        self.background: BackgroundTask | None = None
+        self._leases = leases
+        self._service = service
+        self._request = request
+        self._config = config
+        self._request_id = request_id or new_request_id()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = _DisconnectWatch(receive)
+        try:
+            await self._exchange(scope, receive, watch.wrap(send))
+        except asyncio.CancelledError:
+            if not watch.absorbs():
+                raise
+        finally:
+            watch.stop()
+        if self.background is not None:
+            await self.background()
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            lease = await self._leases.acquire(self._service, request_id=self._request_id)
+        except RequestRejected as exc:
+            reply = rejection_response(exc)
+            reply.headers["X-Vramd-Service"] = self._service
+            await reply(scope, receive, send)
+            return
+        # A cancellation is the client hanging up: the watcher is the only canceller.
+        outcome: str = Outcome.CLIENT_GONE
+        error: str | None = None
+        try:
+            outcome, error = await self._forward(lease, scope, receive, send)
+        except OSError:
+            pass  # ASGI 2.4 servers raise from send() once the client has gone
+        except UpstreamBroken as exc:
+            outcome, error = exc.outcome, str(exc)
+            raise
+        except Exception as exc:
+            outcome, error = Outcome.PROXY_ERROR, repr(exc)
+            raise
+        finally:
+            self._leases.release(lease, outcome=outcome, error=error)
+
+    async def _forward(
+        self, lease: Lease, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[Outcome, str | None]:
+        config = self._config
+        client = lease.client
+        request = client.build_request(
+            "POST",
+            lease.base_url + self._request.path,
+            content=self._request.body_for(lease.upstream_model),
+            headers=self._request.headers,
+            timeout=config.upstream_timeout,
+        )
+        marks = _lease_headers(lease)
+        try:
+            async with asyncio.timeout(config.first_byte_timeout):
+                upstream = await client.send(request, stream=True)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            failure: RequestRejected
+            if isinstance(exc, httpx.ConnectTimeout):
+                failure = _failed(lease, "did not accept the connection", exc)
+            else:
+                failure = _timed_out(lease, "before its answer began", config.first_byte_timeout)
+            return await _answer_failure(failure, marks, scope, receive, send)
+        except httpx.RequestError as exc:
+            failure = _failed(lease, "could not be reached", exc)
+            return await _answer_failure(failure, marks, scope, receive, send)
+
+        try:
+            headers = _response_headers(upstream.headers) + marks
+            status = upstream.status_code
+            if status < 400 and upstream.headers.get("content-type", "").startswith(
+                "text/event-stream"
+            ):
+                return await self._relay_events(upstream, lease, status, headers, send)
+            if status < 400 and "content-length" not in upstream.headers:
+                return await self._relay_chunks(upstream, lease, status, headers, send)
+            try:
+                async with asyncio.timeout(config.read_timeout):
+                    body = await upstream.aread()
+            except TimeoutError:
+                failure = _timed_out(lease, "mid-way through its answer", config.read_timeout)
+                return await _answer_failure(failure, marks, scope, receive, send)
+            except httpx.RequestError as exc:
+                failure = _failed(lease, "failed mid-way through its answer", exc)
+                return await _answer_failure(failure, marks, scope, receive, send)
+            headers.append((b"content-length", b"%d" % len(body)))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            if status >= 400:
+                text = body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                return Outcome.UPSTREAM_ERROR, text
+            return Outcome.OK, None
+        finally:
+            await upstream.aclose()
+
+    async def _relay_events(
+        self,
+        upstream: httpx.Response,
+        lease: Lease,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        send: Send,
+    ) -> tuple[Outcome, str | None]:
+        """Pass an event stream on as it comes, whole events only; end it with an error
+        event if the runtime dies or stalls, so the client never waits on a dead stream."""
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        chunks = upstream.aiter_bytes()
+        held = b""  # the start of an event whose end has not arrived yet
+        failure: RequestRejected | None = None
+        while True:
+            try:
+                async with asyncio.timeout(self._config.read_timeout):
+                    chunk = await anext(chunks, None)
+            except TimeoutError:
+                failure = _timed_out(lease, "mid-stream", self._config.read_timeout)
+                break
+            except httpx.RequestError as exc:
+                failure = _failed(lease, "failed mid-stream", exc)
+                break
+            if chunk is None:
+                break
+            if held:
+                chunk = held + chunk
+            end = events_end(chunk)
+            held = chunk[end:]
+            if end:
+                await send({"type": "http.response.body", "body": chunk[:end], "more_body": True})
+        if failure is None:
+            await send({"type": "http.response.body", "body": held})
+            return Outcome.OK, None
+        log.warning("%s", failure.message)
+        await send({"type": "http.response.body", "body": error_event(failure)})
+        return Outcome(failure.code), failure.message
+
+    async def _relay_chunks(
+        self,
+        upstream: httpx.Response,
+        lease: Lease,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        send: Send,
+    ) -> tuple[Outcome, str | None]:
+        """Pass a body of unknown length on chunk by chunk (a runtime streaming audio)."""
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        chunks = upstream.aiter_bytes()
+        while True:
+            try:
+                async with asyncio.timeout(self._config.read_timeout):
+                    chunk = await anext(chunks, None)
+            except (TimeoutError, httpx.RequestError) as exc:
+                failure = (
+                    _timed_out(lease, "mid-body", self._config.read_timeout)
+                    if isinstance(exc, TimeoutError)
+                    else _failed(lease, "failed mid-body", exc)
+                )
+                log.warning("%s; dropping the client connection", failure.message)
+                raise UpstreamBroken(failure) from exc
+            if chunk is None:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return Outcome.OK, None
+
+
+def events_end(data: bytes) -> int:
+    """The index just past the last complete SSE event in ``data`` (0 if there is none).
+
+    An event ends with a blank line; the SSE spec allows LF, CRLF and CR line endings.
+    """
+    end = 0
+    for terminator in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        found = data.rfind(terminator)
+        if found >= 0:
+            end = max(end, found + len(terminator))
+    return end
+
+
+def error_event(failure: RequestRejected) -> bytes:
+    """An OpenAI-shaped error as the last event of a stream (the openai client raises it)."""
+    error = {"message": failure.message, "type": failure.error_type, "code": failure.code}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+def _lease_headers(lease: Lease) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-vramd-service", lease.service.encode()),
+        (b"x-vramd-queue-ms", b"%d" % max(0, round(lease.queue_ms))),
+        (b"x-vramd-cold-start", b"1" if lease.cold_start else b"0"),
+    ]
+
+
+def _response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    dropped = _DROPPED_RESPONSE_HEADERS
+    if listed := headers.get("connection"):  # it may name more hop-by-hop headers
+        dropped = dropped | {name.strip().lower().encode() for name in listed.split(",")}
+    return [(name.lower(), value) for name, value in headers.raw if name.lower() not in dropped]
+
+
+async def _answer_failure(
+    failure: RequestRejected,
+    marks: list[tuple[bytes, bytes]],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> tuple[Outcome, str | None]:
+    log.warning("%s", failure.message)
+    reply = rejection_response(failure)
+    reply.raw_headers.extend(marks)
+    await reply(scope, receive, send)
+    return Outcome(failure.code), failure.message
+
+
+def _failed(lease: Lease, what: str, exc: BaseException) -> RuntimeFailed:
+    detail = str(exc) or type(exc).__name__
+    return RuntimeFailed(f"the runtime of service {lease.service!r} {what}: {detail}")
+
+
+def _timed_out(lease: Lease, when: str, seconds: float) -> RuntimeTimeout:
+    return RuntimeTimeout(
+        f"the runtime of service {lease.service!r} sent nothing for {seconds:g}s {when}"
+    )

@@ -1,0 +1,183 @@
+"""Memory sampling: the probe's figures flowing back into the ledger and the database.
+
+Every ``device.sample_interval`` the sampler reads the probe (in a worker thread: it
+walks the process table and may call the driver, and must not stall requests), hands
+the figures to the scheduler as a ``MemorySampled`` event, keeps each runtime's latest
+footprint and peak, raises a service's learned peak when an instance goes above it, and
+writes the samples to SQLite (downsampled there once a minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from service.clock import Clock
+from service.devices import DeviceProbe
+from service.domain import RESIDENT_STATES, ProbeReading
+from service.errors import StoreError
+from service.scheduler import DeviceReading, Learned, LearnedChanged, MemorySampled
+from service.store import Store, queries
+
+if TYPE_CHECKING:
+    from service.orchestrator import Orchestrator
+    from service.runtimes import ServiceRuntime
+
+log = logging.getLogger("vramd.sampling")
+
+DOWNSAMPLE_EVERY_S = 60.0
+# A new learned peak is persisted only when it grows by more than this fraction, so a
+# slowly warming cache does not write a row every second.
+LEARN_STEP = 0.01
+
+
+class Sampler:
+    def __init__(
+        self, orchestrator: Orchestrator, *, probe: DeviceProbe, store: Store, clock: Clock
+    ) -> None:
+        self._orc = orchestrator
+        self._probe = probe
+        self._store = store
+        self._clock = clock
+        self.last_reading: ProbeReading | None = None
+        self._last_downsample = clock.monotonic()
+
+    async def run(self) -> None:
+        interval = self._orc.policy.device.sample_interval
+        while True:
+            await self._clock.sleep(interval)
+            try:
+                await self.sample_once()
+            except StoreError as exc:
+                log.error("samples not stored: %s", exc)
+
+    async def sample_once(self) -> None:
+        runtimes = self._orc.runtimes
+        roots = {
+            name: rt.instance.pid
+            for name, rt in runtimes.items()
+            if rt.instance.pid is not None and rt.instance.state in RESIDENT_STATES
+        }
+        reading = await asyncio.to_thread(self._probe.read, roots)
+        self.last_reading = reading
+        footprints: dict[str, int] = {}
+        for name, memory in reading.instances.items():
+            rt = runtimes.get(name)
+            if rt is None or name not in roots:
+                continue
+            rt.footprint = memory.device_bytes
+            rt.host_bytes = memory.host_bytes
+            if memory.pids:
+                rt.last_pids = memory.pids
+            rt.peak = max(rt.peak, memory.device_bytes)
+            footprints[name] = memory.device_bytes
+            self._learn_peak(rt)
+        devices = tuple(
+            DeviceReading(d.index, d.total, d.used, d.free, d.managed) for d in reading.devices
+        )
+        self._orc.feed(MemorySampled(devices, footprints))
+        self._store_samples(reading, footprints)
+        if self._clock.monotonic() - self._last_downsample >= DOWNSAMPLE_EVERY_S:
+            self._last_downsample = self._clock.monotonic()
+            self._downsample()
+            self.flush_counters()
+
+    def _learn_peak(self, rt: ServiceRuntime) -> None:
+        learned = self._orc.scheduler.service_view(rt.name)
+        current = learned.expected_peak
+        cap = rt.spec.memory.cap
+        peak = rt.peak if cap is None else min(rt.peak, cap)
+        if peak <= max(rt.spec.memory.estimate, current) * (1 + LEARN_STEP):
+            return
+        rt.learned_peak = peak
+        with self._store.session() as session:
+            queries.update_stats(
+                session, service=rt.name, learned_peak_bytes=peak, updated_at=self._clock.now()
+            )
+        self._orc.feed(LearnedChanged(rt.name, Learned(peak, rt.learned_load_s)))
+
+    def _store_samples(self, reading: ProbeReading, footprints: dict[str, int]) -> None:
+        now = self._clock.now()
+        device_rows = []
+        for device in reading.devices:
+            ledger = self._orc.scheduler.ledger_view(device.index)
+            device_rows.append(
+                {
+                    "ts": now,
+                    "device": device.index,
+                    "total_bytes": device.total,
+                    "used_bytes": device.used,
+                    "free_bytes": device.free,
+                    "foreign_bytes": device.foreign,
+                    "budget_bytes": ledger.budget if ledger else 0,
+                }
+            )
+        instance_rows = []
+        for name in footprints:
+            rt = self._orc.runtimes[name]
+            view = self._orc.scheduler.service_view(name)
+            instance_rows.append(
+                {
+                    "ts": now,
+                    "service": name,
+                    "instance_id": rt.instance_id or 0,
+                    "device_bytes": rt.footprint,
+                    "host_bytes": rt.host_bytes,
+                    "kv_cache_bytes": None,
+                    "in_flight": view.in_flight,
+                    "requests_served": rt.counters["requests_served"],
+                }
+            )
+        with self._store.session() as session:
+            queries.add_device_samples(session, rows=device_rows)
+            if instance_rows:
+                queries.add_instance_samples(session, rows=instance_rows)
+
+    def _downsample(self) -> None:
+        with self._store.session() as session:
+            queries.downsample(session, now=self._clock.now())
+
+    # ------------------------------------------------------ records of instance life
+
+    def record_ready(self, rt: ServiceRuntime) -> None:
+        load_s = rt.instance.load_s
+        if load_s is not None:
+            # A moving average: one slow cold start does not define the service.
+            old = rt.learned_load_s
+            rt.learned_load_s = load_s if old is None else 0.7 * old + 0.3 * load_s
+        with self._store.session() as session:
+            if rt.instance_id is not None:
+                queries.record_instance_ready(
+                    session, instance_id=rt.instance_id, ready_at=self._clock.now()
+                )
+            if load_s is not None:
+                queries.update_stats(session, service=rt.name, learned_load_s=rt.learned_load_s)
+        if load_s is not None:
+            self._orc.feed(LearnedChanged(rt.name, Learned(rt.learned_peak, rt.learned_load_s)))
+
+    def record_exit(self, rt: ServiceRuntime, reason: str) -> None:
+        if rt.instance_id is None:
+            return
+        with self._store.session() as session:
+            queries.record_instance_exit(
+                session,
+                instance_id=rt.instance_id,
+                stopped_at=self._clock.now(),
+                exit_code=rt.instance.exit_code,
+                reason=reason,
+                peak_bytes=rt.peak or None,
+            )
+
+    def flush_counters(self) -> None:
+        """Persist the in-memory counters and flags (kept off the request path)."""
+        try:
+            with self._store.session() as session:
+                for rt in self._orc.runtimes.values():
+                    fields: dict[str, Any] = dict(rt.counters)
+                    fields["flags"] = sorted(rt.flags)
+                    fields["last_error"] = rt.instance.last_error
+                    fields["updated_at"] = self._clock.now()
+                    queries.update_stats(session, service=rt.name, **fields)
+        except StoreError as exc:
+            log.error("counters not stored: %s", exc)

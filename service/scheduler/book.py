@@ -1,0 +1,210 @@
+"""The scheduler's books: every service's record, the open requests, the ledger.
+
+``Book`` is the one owner of decision state, and its methods are the only moves on it
+(grant, stop, release, reject...). Each move appends the action that makes it real to
+``out``, so state and plan cannot drift apart: nothing marks an instance draining
+without also telling the orchestrator to drain it. ``Scheduler.handle`` sets ``now`` and
+a fresh ``out`` for each event; the event handlers (``core``) and the scheduling pass
+(``planner``) both work through this class.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+from service.domain import InstanceState, Residency
+from service.scheduler.actions import Action, Grant, Note, Reject, Stop
+from service.scheduler.admission import Room
+from service.scheduler.ledger import Holding, Ledger, LedgerView
+from service.scheduler.rules import DeviceRule, Learned, ServiceRule
+from service.scheduler.state import ServiceState, Waiter
+
+S = InstanceState
+
+# Retry-After for a full queue. The scheduler does not know how long requests take, so it
+# says "soon" -- unless the instance is still loading, when nothing moves before it is
+# ready and the rest of its learned load time is the honest estimate.
+QUEUE_FULL_RETRY_S = 1.0
+
+
+class Book:
+    def __init__(
+        self,
+        rules: Mapping[str, ServiceRule],
+        device_rule: DeviceRule,
+        learned: Mapping[str, Learned],
+    ) -> None:
+        self.ledger = Ledger(device_rule)
+        self.services: dict[str, ServiceState] = {}
+        self.requests: dict[str, str] = {}  # queued or in-flight request id -> service
+        self.allowed: frozenset[str] = frozenset()  # window-only services allowed now
+        self.next_open: dict[str, float] = {}
+        self.now = 0.0
+        self.out: list[Action] = []
+        self._seq = itertools.count()
+        for name in sorted(rules):
+            self.add(rules[name], learned.get(name))
+
+    # ------------------------------------------------------------------ queries
+
+    def ordered(self) -> list[ServiceState]:
+        """Services by priority (higher first), then name: the order of every sweep."""
+        return sorted(self.services.values(), key=lambda s: (-s.rule.priority, s.name))
+
+    def wants(self, svc: ServiceState) -> bool:
+        """Whether a load of ``svc`` is asked for and allowed now."""
+        if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in self.allowed:
+            return False
+        return svc.wants_load
+
+    def claimed(self, svc: ServiceState, victim: str) -> bool:
+        """Whether ``victim`` is still resident and claimed by ``svc``'s waiting load."""
+        other = self.services.get(victim)
+        return other is not None and other.resident and other.claimed_by == svc.name
+
+    def hold(self, svc: ServiceState) -> int:
+        """Bytes a waiting load keeps from others: its need less its victims' charges.
+
+        While the victims are resident their charges still count, so the hold is only
+        the part of the need that is free already; once they are gone it is all of it.
+        """
+        plan = svc.plan
+        if plan is None:
+            return 0
+        pending = sum(self.services[v].charge for v in plan.victims if self.claimed(svc, v))
+        return max(0, svc.expected_peak - pending)
+
+    def held(self, device: int, *, but: str | None = None) -> int:
+        return sum(
+            self.hold(s)
+            for s in self.services.values()
+            if s.plan is not None and s.plan.device == device and s.name != but
+        )
+
+    def holdings(self, device: int) -> list[Holding]:
+        return [
+            Holding(s.name, s.charge, s.measured)
+            for s in sorted(self.services.values(), key=lambda s: s.name)
+            if s.resident and s.device == device
+        ]
+
+    def room(self, device: int, svc: ServiceState) -> Room:
+        """``device`` as ``svc``'s admission sees it (other loads' holds deducted)."""
+        reading = self.ledger.reading(device)
+        assert reading is not None, "only sampled devices are candidates"
+        held = self.held(device, but=svc.name)
+        return Room(
+            device=device,
+            available=self.ledger.available(device, self.holdings(device), held),
+            held_by_others=held,
+            total=reading.total,
+            foreign=reading.foreign,
+            headroom=self.ledger.rule.headroom,
+            budget_limit=self.ledger.rule.budget_limit,
+            residents=tuple(
+                s.snapshot()
+                for s in sorted(self.services.values(), key=lambda s: s.name)
+                if s.resident and s.device == device
+            ),
+        )
+
+    def ledger_view(self, device: int) -> LedgerView | None:
+        return self.ledger.view(device, self.holdings(device), self.held(device))
+
+    # ------------------------------------------------------------------ moves
+
+    def add(self, rule: ServiceRule, learned: Learned | None) -> None:
+        svc = ServiceState(rule=rule, learned=learned or Learned())
+        if rule.residency is Residency.WARM and rule.preload:
+            svc.load_intent = "preload"
+        self.services[rule.name] = svc
+
+    def enqueue(self, svc: ServiceState, request_id: str) -> None:
+        self.requests[request_id] = svc.name
+        svc.queue.append(Waiter(request_id, self.now, next(self._seq)))
+
+    def grant(self, svc: ServiceState, request_id: str) -> None:
+        self.requests[request_id] = svc.name
+        svc.in_flight.add(request_id)
+        svc.last_used = self.now
+        self.out.append(Grant(request_id, svc.name))
+
+    def stop(self, svc: ServiceState, reason: str) -> None:
+        """Begin stopping: drain a ready instance, terminate a starting one."""
+        if svc.state is S.READY:
+            svc.state = S.DRAINING
+            svc.stop_reason = reason
+            svc.drain_deadline = self.now + svc.rule.stop_timeout_s
+            self.out.append(Stop(svc.name, reason, drain=True))
+            if not svc.in_flight:
+                self.terminate(svc, f"{reason}; nothing in flight")
+        elif svc.state is S.STARTING:
+            svc.stop_reason = reason
+            self.terminate(svc, reason)
+
+    def terminate(self, svc: ServiceState, reason: str) -> None:
+        svc.state = S.STOPPING
+        svc.drain_deadline = None
+        self.out.append(Stop(svc.name, reason, drain=False))
+
+    def release(self, svc: ServiceState) -> None:
+        """The instance is gone: its memory is free now, even before the next sample."""
+        if svc.resident and svc.device is not None:
+            self.ledger.release(svc.device, svc.measured)
+        self.drop_in_flight(svc)
+        svc.device = None
+        svc.measured = 0
+        svc.started_at = None
+        svc.drain_deadline = None
+        svc.claimed_by = None
+        svc.loaded_for = frozenset()
+
+    def drop_in_flight(self, svc: ServiceState) -> None:
+        """Forget requests whose process is gone; the proxy has answered them already."""
+        for request_id in svc.in_flight:
+            self.requests.pop(request_id, None)
+        svc.in_flight.clear()
+
+    def drop_plan(self, svc: ServiceState) -> None:
+        """Forget a waiting load's plan and free its claims (victims keep stopping)."""
+        plan, svc.plan = svc.plan, None
+        for name in plan.victims if plan else ():
+            other = self.services.get(name)
+            if other is not None and other.claimed_by == svc.name:
+                other.claimed_by = None
+
+    def note(self, svc: str | None, kind: str, message: str, **data: object) -> None:
+        self.out.append(Note(svc, kind, message, dict(data)))
+
+    def note_once(
+        self, svc: ServiceState, kind: str, message: str, data: Mapping[str, object]
+    ) -> None:
+        """A note for a decision that may be re-taken on every event: said once."""
+        key = f"{kind}:{message}"
+        if svc.last_note != key:
+            svc.last_note = key
+            self.out.append(Note(svc.name, kind, message, dict(data)))
+
+    def reject(
+        self, svc: ServiceState, waiter: Waiter, code: str, message: str, retry: float | None
+    ) -> None:
+        svc.queue.remove(waiter)
+        self.requests.pop(waiter.request_id, None)
+        self.out.append(Reject(waiter.request_id, svc.name, code, message, retry))
+
+    def reject_queue(
+        self, svc: ServiceState, code: str, message: str, retry: float | None = None
+    ) -> None:
+        for waiter in list(svc.queue):
+            self.reject(svc, waiter, code, message, retry)
+
+    def retry_window(self, name: str) -> float | None:
+        opens = self.next_open.get(name)
+        return None if opens is None else max(0.0, opens - self.now)
+
+    def retry_queue(self, svc: ServiceState) -> float:
+        load_s, started = svc.learned.load_s, svc.started_at
+        if svc.state is S.STARTING and load_s is not None and started is not None:
+            return max(QUEUE_FULL_RETRY_S, load_s - (self.now - started))
+        return QUEUE_FULL_RETRY_S

@@ -1,0 +1,347 @@
+"""The scheduler: events flow in, a plan flows out (DESIGN section 4).
+
+``Scheduler.handle(event, now)`` records what the event says (a request queued, an
+instance ready, a sample taken...), then runs one scheduling pass (``planner``), and
+returns the actions of both, in order. The pass is the whole algorithm:
+
+1. Drains: an instance draining with nothing in flight is told to terminate.
+2. Dropped loads: a load waiting on evictions whose last waiter went away is dropped
+   (its victims keep stopping: a stop is never undone, nor is a ``Start``).
+3. Restarts: a service marked for restart by a policy change is stopped at its first
+   idle moment; a pinned one holds its memory for its own return.
+4. Grants: each ready instance takes queued requests up to ``max_concurrency``, in
+   arrival order; draining instances never get grants.
+5. Loads: every stopped service that something waits for (requests, pinning, preload,
+   an operator) is admitted in priority order (higher first), then arrival order.
+   Admission (``admission``) places it on the device with the most room left, or plans
+   evictions (``eviction``: the fewest victims; idle, lower priority, cheaper reload and
+   least recently used first) and claims the victims, or makes it wait, or refuses it at
+   once with the holders of the memory named. A load whose victims are still stopping is
+   skipped: it has its plan, and picking a second victim set for the same need would
+   evict twice. When the victims have stopped, admission runs again with fresh figures.
+
+While a load waits for its victims it *holds* ``need - victims' charges`` on the device
+(``Book.hold``), so the memory it waits for cannot be taken by a later, lower load. Every
+resident or starting instance is charged ``max(measured, expected peak)`` from the moment
+its ``Start`` is issued (``ledger``), so two loads never race for the same bytes.
+Timeouts (queue, idle TTL, drain deadlines) are checked only on ``Tick``.
+
+Everything is iterated in sorted order, so the same events give the same actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from service.domain import InstanceState, Residency
+from service.scheduler import actions as act
+from service.scheduler.actions import Action, Reject
+from service.scheduler.book import Book
+from service.scheduler.events import (
+    Event,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    LearnedChanged,
+    LoadRequested,
+    MemorySampled,
+    PolicyChanged,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    Tick,
+    UnloadRequested,
+    WindowChanged,
+)
+from service.scheduler.ledger import LedgerView
+from service.scheduler.planner import run_pass
+from service.scheduler.rules import DeviceRule, Learned, ServiceRule
+from service.scheduler.state import ServiceState, ServiceView
+from service.units import format_duration
+
+S = InstanceState
+
+
+class Scheduler:
+    """The pure decision core. Not thread-safe: one owner feeds it events in order."""
+
+    def __init__(
+        self,
+        rules: Mapping[str, ServiceRule],
+        device_rule: DeviceRule,
+        *,
+        learned: Mapping[str, Learned] | None = None,
+    ) -> None:
+        self._book = Book(rules, device_rule, learned or {})
+
+    # ----------------------------------------------------------------- read-only views
+
+    def service_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._book.services))
+
+    def service_view(self, name: str, now: float | None = None) -> ServiceView:
+        """The service's decision state; ``idle_for`` is measured at ``now`` (default:
+        the time of the last event). Raises ``KeyError`` for an unknown service."""
+        svc = self._book.services[name]
+        waiting = svc.plan is not None or (svc.state is S.STOPPED and self._book.wants(svc))
+        return svc.view(self._book.now if now is None else now, waiting_for_memory=waiting)
+
+    def devices(self) -> tuple[int, ...]:
+        """Devices of the last sample that the policy lets vramd use."""
+        return self._book.ledger.devices()
+
+    def ledger_view(self, device: int) -> LedgerView | None:
+        """One device's accounting, or None if the last sample did not include it."""
+        return self._book.ledger_view(device)
+
+    # ------------------------------------------------------------------------- events
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply one event that happened at ``now`` and return the resulting plan."""
+        book = self._book
+        book.now, book.out = now, []
+        match event:
+            case RequestArrived():
+                self._on_arrived(event)
+            case RequestCancelled() | RequestFinished():
+                self._on_request_gone(event.request_id)
+            case InstanceReady():
+                self._on_ready(event)
+            case InstanceBackoff():
+                self._on_backoff(event)
+            case InstanceFailed():
+                self._on_failed(event)
+            case InstanceStopped():
+                self._on_stopped(event)
+            case MemorySampled():
+                book.ledger.sample(event.devices)
+                for svc in book.services.values():
+                    if svc.resident:
+                        svc.measured = event.footprints.get(svc.name, 0)
+            case Tick():
+                self._on_tick()
+            case WindowChanged():
+                self._on_window(event)
+            case PolicyChanged():
+                self._on_policy(event)
+            case LearnedChanged():
+                if event.service in book.services:
+                    book.services[event.service].learned = event.learned
+            case LoadRequested():
+                self._on_load(event)
+            case UnloadRequested():
+                self._on_unload(event)
+        run_pass(book)
+        return book.out
+
+    def _on_arrived(self, event: RequestArrived) -> None:
+        book, rid, name = self._book, event.request_id, event.service
+        if rid in book.requests:
+            book.note(name, "ignored", f"request {rid} is already known", request=rid)
+            return
+        svc = book.services.get(name)
+        if svc is None or svc.removed:
+            message = f"no service named {name!r}"
+            book.out.append(Reject(rid, name, act.MODEL_NOT_FOUND, message))
+            return
+        rule = svc.rule
+        refusal: tuple[str, str, float | None] | None = None
+        if svc.state is S.FAILED:
+            refusal = (act.RUNTIME_FAILED, _failed_message(svc), None)
+        elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed:
+            message = f"{name} runs only in a maintenance window that allows it"
+            refusal = (act.WINDOW_CLOSED, message, book.retry_window(name))
+        elif rule.residency is Residency.PINNED and svc.operator_unloaded:
+            refusal = (act.INSUFFICIENT_CAPACITY, _unloaded_message(svc), None)
+        elif svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
+            book.grant(svc, rid)
+            return
+        elif len(svc.queue) >= rule.queue_max:
+            message = f"{name} has {len(svc.queue)} requests queued (queue.max {rule.queue_max})"
+            refusal = (act.QUEUE_FULL, message, book.retry_queue(svc))
+        if refusal is not None:
+            book.out.append(Reject(rid, name, *refusal))
+            return
+        book.enqueue(svc, rid)
+
+    def _on_request_gone(self, request_id: str) -> None:
+        book = self._book
+        name = book.requests.pop(request_id, None)
+        svc = book.services.get(name) if name is not None else None
+        if svc is None:
+            return
+        if request_id in svc.in_flight:
+            svc.in_flight.discard(request_id)
+            svc.last_used = book.now
+            return
+        for waiter in svc.queue:
+            if waiter.request_id == request_id:
+                svc.queue.remove(waiter)
+                break
+
+    def _on_ready(self, event: InstanceReady) -> None:
+        svc = self._book.services.get(event.service)
+        if svc is not None and svc.state is S.STARTING:
+            svc.state = S.READY
+            svc.last_used = self._book.now  # idle time counts from ready, not from start
+            svc.error = None
+
+    def _on_backoff(self, event: InstanceBackoff) -> None:
+        svc = self._book.services.get(event.service)
+        if svc is None or not svc.resident:
+            return
+        self._book.drop_in_flight(svc)
+        svc.error = event.error
+        if svc.state is S.READY:
+            svc.state = S.STARTING  # the supervisor retries; the reservation stays
+        self._book.note(svc.name, "backoff", f"{svc.name} will be retried: {event.error}")
+
+    def _on_failed(self, event: InstanceFailed) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None:
+            return
+        book.release(svc)
+        book.drop_plan(svc)
+        svc.state = S.FAILED
+        svc.error = event.error
+        svc.load_intent = None
+        svc.restart_pending = False
+        book.reject_queue(svc, act.RUNTIME_FAILED, _failed_message(svc))
+        if svc.removed:
+            del book.services[svc.name]
+
+    def _on_stopped(self, event: InstanceStopped) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None or not svc.resident:
+            return
+        if svc.state in (S.STARTING, S.READY):
+            book.note(svc.name, "exited", f"{svc.name} stopped without being asked to")
+        book.release(svc)
+        svc.state = S.STOPPED
+        svc.restart_pending = False
+        if svc.removed:
+            del book.services[svc.name]
+
+    def _on_tick(self) -> None:
+        book, now = self._book, self._book.now
+        for svc in book.ordered():
+            rule = svc.rule
+            for waiter in list(svc.queue):
+                waited = now - waiter.arrived_at
+                if waited >= rule.queue_timeout_s:
+                    message = (
+                        f"waited {format_duration(waited)} in the queue of {svc.name} "
+                        f"(queue.timeout {format_duration(rule.queue_timeout_s)})"
+                    )
+                    book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, None)
+            deadline = svc.drain_deadline
+            if svc.state is S.DRAINING and deadline is not None and now >= deadline:
+                reason = (
+                    f"stop_timeout {format_duration(rule.stop_timeout_s)} reached with "
+                    f"{len(svc.in_flight)} request(s) in flight"
+                )
+                book.terminate(svc, reason)
+            idle_s = _expired_idle(svc, now)
+            if idle_s is not None:
+                ttl = format_duration(rule.idle_ttl_s)
+                book.stop(svc, f"idle for {format_duration(idle_s)} (idle_ttl {ttl})")
+
+    def _on_window(self, event: WindowChanged) -> None:
+        book = self._book
+        book.allowed = event.allowed
+        book.next_open = dict(event.next_open_at)
+        for svc in book.ordered():
+            if svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in book.allowed:
+                continue
+            message = f"the maintenance window that allows {svc.name} closed"
+            book.reject_queue(svc, act.WINDOW_CLOSED, message, book.retry_window(svc.name))
+            svc.load_intent = None
+            book.drop_plan(svc)
+            book.stop(svc, "its maintenance window closed")
+
+    def _on_policy(self, event: PolicyChanged) -> None:
+        book = self._book
+        book.ledger.rule = event.device
+        for name in sorted(set(book.services) - set(event.rules)):
+            svc = book.services[name]
+            if svc.removed:
+                continue
+            message = f"service {name!r} was removed from the policy"
+            book.reject_queue(svc, act.MODEL_NOT_FOUND, message)
+            book.drop_plan(svc)
+            svc.removed = True
+            svc.load_intent = None
+            if svc.resident:
+                book.stop(svc, "removed from the policy")  # forgotten once stopped
+            else:
+                del book.services[name]
+        for name in sorted(event.rules):
+            rule = event.rules[name]
+            current = book.services.get(name)
+            if current is None:
+                book.add(rule, None)
+                continue
+            old, current.rule, current.removed = current.rule, rule, False
+            newly_preloaded = rule.preload and not (old.preload and old.residency is rule.residency)
+            if rule.residency is Residency.WARM and newly_preloaded:
+                current.load_intent = "preload"
+            if name in event.restart and current.resident:
+                current.restart_pending = True
+
+    def _on_load(self, event: LoadRequested) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None or svc.removed:
+            book.note(event.service, "ignored", f"no service named {event.service!r}")
+            return
+        if svc.state is S.FAILED:
+            svc.state = S.STOPPED
+            svc.error = None
+        svc.operator_unloaded = False
+        svc.last_note = None
+        if svc.state not in (S.STARTING, S.READY):
+            svc.load_intent = "load requested"
+
+    def _on_unload(self, event: UnloadRequested) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None or svc.removed:
+            book.note(event.service, "ignored", f"no service named {event.service!r}")
+            return
+        svc.load_intent = None
+        svc.restart_pending = False
+        book.drop_plan(svc)
+        # Pinned means "keep it loaded"; the operator overrides that until a load. Any
+        # other service loads again for the next request, but not for those already
+        # queued: they would undo the unload the moment it completed.
+        svc.operator_unloaded = svc.rule.residency is Residency.PINNED
+        book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, _unloaded_message(svc))
+        book.stop(svc, "unloaded by an operator")
+
+
+def _expired_idle(svc: ServiceState, now: float) -> float | None:
+    """How long ``svc`` has been idle, if that is past its idle TTL (pinned: never)."""
+    ttl = svc.rule.idle_ttl_s
+    if svc.state is not S.READY or svc.rule.residency is Residency.PINNED or ttl <= 0:
+        return None
+    if not svc.idle or svc.last_used is None or now - svc.last_used < ttl:
+        return None
+    return now - svc.last_used
+
+
+def _failed_message(svc: ServiceState) -> str:
+    why = f" ({svc.error})" if svc.error else ""
+    return (
+        f"{svc.name} is crash-looping{why}; load it again with POST /api/services/{svc.name}/load"
+    )
+
+
+def _unloaded_message(svc: ServiceState) -> str:
+    if svc.rule.residency is Residency.PINNED:
+        hint = f"load it again with POST /api/services/{svc.name}/load"
+    else:
+        hint = "a new request loads it again"
+    return f"{svc.name} was unloaded by an operator; {hint}"

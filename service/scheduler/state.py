@@ -1,0 +1,162 @@
+"""The scheduler's record of one service: its logical instance, queue and waiting load.
+
+This is *decision* state, not process state: the orchestrator owns the real instance (pid,
+port, backoff timer) and tells the scheduler what happened through events. The record's
+``state`` uses ``InstanceState`` values, with one simplification: a crashed instance the
+supervisor will retry stays ``starting`` here (``error`` says why), because for admission
+it is exactly that: a load in progress holding its reservation.
+
+``ServiceView`` is the read-only copy handed to the API.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.domain import RESIDENT_STATES, InstanceState, Residency
+from service.scheduler.eviction import Resident
+from service.scheduler.rules import Learned, ServiceRule, expected_peak
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A queued request. ``seq`` orders arrivals across services."""
+
+    request_id: str
+    arrived_at: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A load waiting for its victims to stop: ``victims`` are claimed for it."""
+
+    device: int
+    need: int
+    victims: frozenset[str]
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceView:
+    """A service as the scheduler sees it, for ``vramd ps`` and the API."""
+
+    name: str
+    state: str
+    device: int | None
+    in_flight: int
+    queued: int
+    charge: int
+    expected_peak: int
+    measured: int
+    last_used: float | None
+    idle_for: float | None
+    waiting_for_memory: bool
+    restart_pending: bool
+    error: str | None
+
+
+@dataclass(slots=True)
+class ServiceState:
+    rule: ServiceRule
+    learned: Learned = field(default_factory=Learned)
+    state: InstanceState = InstanceState.STOPPED
+    device: int | None = None
+    queue: deque[Waiter] = field(default_factory=deque)
+    in_flight: set[str] = field(default_factory=set)
+    measured: int = 0
+    last_used: float | None = None
+    started_at: float | None = None
+    # Requests queued when the current load began: the no-thrash rule protects the
+    # instance from equal priorities until they are served.
+    loaded_for: frozenset[str] = frozenset()
+    drain_deadline: float | None = None
+    stop_reason: str = ""
+    claimed_by: str | None = None
+    plan: Plan | None = None
+    # A one-shot reason to load without a request: "preload", "load requested".
+    load_intent: str | None = None
+    operator_unloaded: bool = False
+    restart_pending: bool = False
+    removed: bool = False
+    error: str | None = None
+    # The last wait/refuse note, so a decision that does not change is said once.
+    last_note: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def resident(self) -> bool:
+        return self.state in RESIDENT_STATES
+
+    @property
+    def going(self) -> bool:
+        return self.state in (InstanceState.DRAINING, InstanceState.STOPPING)
+
+    @property
+    def expected_peak(self) -> int:
+        return expected_peak(self.rule, self.learned)
+
+    @property
+    def charge(self) -> int:
+        return max(self.measured, self.expected_peak) if self.resident else 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.in_flight and not self.queue
+
+    @property
+    def protected(self) -> bool:
+        if not self.loaded_for:
+            return False
+        waiting = {w.request_id for w in self.queue}
+        return any(r in waiting or r in self.in_flight for r in self.loaded_for)
+
+    @property
+    def wants_load(self) -> bool:
+        """Whether something asks for an instance: requests, pinning, or a one-shot intent."""
+        if self.removed or self.state is InstanceState.FAILED:
+            return False
+        pinned = self.rule.residency is Residency.PINNED and not self.operator_unloaded
+        return bool(self.queue) or pinned or self.load_intent is not None
+
+    def first_seq(self) -> int:
+        """Arrival order of the load: intents (startup, operator) come before requests."""
+        return self.queue[0].seq if self.queue else -1
+
+    def snapshot(self) -> Resident:
+        return Resident(
+            name=self.name,
+            residency=self.rule.residency,
+            priority=self.rule.priority,
+            state=self.state,
+            charge=self.charge,
+            busy=not self.idle,
+            last_used=self.last_used,
+            load_s=self.learned.load_s,
+            protected=self.protected,
+            claimed_by=self.claimed_by,
+        )
+
+    def view(self, now: float, *, waiting_for_memory: bool) -> ServiceView:
+        idle_for = None
+        if self.state is InstanceState.READY and self.idle and self.last_used is not None:
+            idle_for = max(0.0, now - self.last_used)
+        return ServiceView(
+            name=self.name,
+            state=self.state.value,
+            device=self.device,
+            in_flight=len(self.in_flight),
+            queued=len(self.queue),
+            charge=self.charge,
+            expected_peak=self.expected_peak,
+            measured=self.measured,
+            last_used=self.last_used,
+            idle_for=idle_for,
+            waiting_for_memory=waiting_for_memory,
+            restart_pending=self.restart_pending,
+            error=self.error,
+        )

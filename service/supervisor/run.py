@@ -1,0 +1,237 @@
+"""One process of an instance, from spawn until it is reaped.
+
+A ``ProcessRun`` is the only code that signals or waits for its process, so two
+coroutines never race to kill or reap the same pid. It spawns, lets the owner record the
+process (``on_spawned``), polls health until 2xx while watching for an early exit and
+the startup deadline, then watches for the exit, and carries out a stop request (SIGTERM
+to the group, grace, SIGKILL, reap, SIGKILL again for members that outlived the leader).
+Every wait is a race with the process's exit, so nothing waits for a dead process.
+
+It decides no lifecycle state: it calls ``on_ready`` when health answers and returns a
+``RunResult`` saying how the process ended; the ``Instance`` turns that into STOPPED,
+BACKOFF or FAILED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+
+from service.clock import Clock
+from service.supervisor.logs import LogRing
+from service.supervisor.process import ProcessLauncher, RuntimeProcess, SpawnError, describe_exit
+
+logger = logging.getLogger(__name__)
+
+OnSpawned = Callable[[RuntimeProcess], Awaitable[None]]
+
+# Health polling starts fast (a small runtime is up in tens of milliseconds) and slows
+# down, so a model that takes minutes to load is not hammered.
+HEALTH_FIRST_DELAY_S = 0.015
+HEALTH_MAX_DELAY_S = 0.25
+HEALTH_REQUEST_TIMEOUT_S = 2.0
+STDERR_LINES_IN_ERROR = 5
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start (and restart) the same runtime again."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+    port: int
+    health_url: str
+    startup_timeout_s: float
+    on_spawned: OnSpawned | None = None
+
+
+class RunEnd(enum.Enum):
+    STOPPED = "stopped"  # a stop was requested and carried out
+    EXITED = "exited"  # the process ended on its own, before or after ready
+    NOT_READY = "not-ready"  # the startup timeout passed; the group was killed
+    ABORTED = "aborted"  # on_spawned failed; the group was killed
+    NO_PROCESS = "no-process"  # the spawn itself failed
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    end: RunEnd
+    returncode: int | None  # None: no process, or one that survived SIGKILL
+    error: str  # why it ended, for last_error; "" after a clean stop
+
+    @property
+    def survived_kill(self) -> bool:
+        return self.end is not RunEnd.NO_PROCESS and self.returncode is None
+
+
+class ProcessRun:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        *,
+        launcher: ProcessLauncher,
+        clock: Clock,
+        http: httpx.AsyncClient,
+        log: LogRing,
+        on_ready: Callable[[], None],
+        kill_timeout_s: float,
+    ) -> None:
+        self.spec = spec
+        self.proc: RuntimeProcess | None = None  # until reaped
+        self.started_at: float | None = None
+        self.load_s: float | None = None
+        self._launcher = launcher
+        self._clock = clock
+        self._http = http
+        self._log = log
+        self._log_mark = log.mark()  # stderr before this belongs to earlier processes
+        self._on_ready = on_ready
+        self._kill_timeout_s = kill_timeout_s
+        self._stop = asyncio.Event()
+        self._stop_timeout_s = 0.0
+        self._health = "no answer yet"
+
+    def request_stop(self, timeout_s: float) -> None:
+        """Ask for SIGTERM, ``timeout_s`` of grace, then SIGKILL; the first request counts."""
+        if not self._stop.is_set():
+            self._stop_timeout_s = timeout_s
+            self._stop.set()
+
+    async def run(self) -> RunResult:
+        try:
+            return await self._run()
+        except BaseException:
+            # Cancelled (the loop is shutting down) or a bug: leave nothing running.
+            if self.proc is not None:
+                self.proc.send_signal_group(signal.SIGKILL)
+            raise
+
+    async def _run(self) -> RunResult:
+        spec = self.spec
+        try:
+            proc = await self._launcher.spawn(spec.argv, env=spec.env, cwd=spec.cwd, log=self._log)
+        except SpawnError as exc:
+            return RunResult(RunEnd.NO_PROCESS, None, str(exc))
+        self.proc = proc
+        self.started_at = self._clock.now()
+        t0 = self._clock.monotonic()
+        end = await self._until_ready(proc)
+        if end is None and not self._stop.is_set():
+            self.load_s = self._clock.monotonic() - t0
+            self._on_ready()
+            await _first({RunEnd.STOPPED: self._stop.wait(), RunEnd.EXITED: proc.wait()})
+            end = RunEnd.EXITED
+        if self._stop.is_set():
+            return await self._terminate(proc)
+        assert end is not None
+        return await self._ended(proc, end)
+
+    async def _until_ready(self, proc: RuntimeProcess) -> RunEnd | None:
+        """None once health answers 2xx; otherwise why the start ended."""
+        if self.spec.on_spawned is not None:
+            try:
+                await self.spec.on_spawned(proc)
+            except Exception as exc:
+                logger.exception("on_spawned failed for pid %d", proc.pid)
+                self._health = f"could not record the started process: {exc!r}"
+                return RunEnd.ABORTED
+        return await _first(
+            {
+                RunEnd.STOPPED: self._stop.wait(),
+                RunEnd.EXITED: proc.wait(),
+                None: self._poll_health(),
+                RunEnd.NOT_READY: self._clock.sleep(self.spec.startup_timeout_s),
+            }
+        )
+
+    async def _poll_health(self) -> None:
+        delay = HEALTH_FIRST_DELAY_S
+        while True:
+            try:
+                response = await self._http.get(
+                    self.spec.health_url, timeout=HEALTH_REQUEST_TIMEOUT_S
+                )
+            except httpx.ConnectError:
+                self._health = "connection refused"
+            except httpx.TimeoutException:
+                self._health = "timed out"
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                self._health = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.is_success:
+                    return
+                self._health = str(response.status_code)
+            await self._clock.sleep(delay)
+            delay = min(delay * 1.5, HEALTH_MAX_DELAY_S)
+
+    async def _terminate(self, proc: RuntimeProcess) -> RunResult:
+        proc.send_signal_group(signal.SIGTERM)
+        if not await self._wait_exit(proc, self._stop_timeout_s):
+            proc.send_signal_group(signal.SIGKILL)
+            await self._wait_exit(proc, self._kill_timeout_s)
+        code = await self._release(proc)
+        error = "" if code is not None else f"pid {proc.pid} did not exit after SIGKILL"
+        return RunResult(RunEnd.STOPPED, code, error)
+
+    async def _ended(self, proc: RuntimeProcess, end: RunEnd) -> RunResult:
+        if end is not RunEnd.EXITED:
+            # Not ready in time, or unrecorded: nothing worth a graceful shutdown.
+            proc.send_signal_group(signal.SIGKILL)
+            await self._wait_exit(proc, self._kill_timeout_s)
+        code = await self._release(proc)
+        if end is RunEnd.NOT_READY:
+            error = (
+                f"not ready after {self.spec.startup_timeout_s:g}s "
+                f"(health {self.spec.health_url}: {self._health})"
+            )
+        elif end is RunEnd.ABORTED:
+            error = self._health
+        else:
+            assert code is not None
+            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self._log_mark)
+            error = describe_exit(code, tail)
+        if code is None:
+            error += f"; pid {proc.pid} did not exit after SIGKILL"
+        return RunResult(end, code, error)
+
+    async def _wait_exit(self, proc: RuntimeProcess, timeout_s: float) -> bool:
+        if proc.returncode is not None:
+            return True
+        return await _first({True: proc.wait(), False: self._clock.sleep(timeout_s)})
+
+    async def _release(self, proc: RuntimeProcess) -> int | None:
+        """Kill group members that outlived the leader, flush the output, let go."""
+        proc.send_signal_group(signal.SIGKILL)
+        await proc.close()
+        if proc.returncode is not None:  # one stuck in the kernel stays visible
+            self.proc = None
+        return proc.returncode
+
+
+K = TypeVar("K")
+
+
+async def _first(contenders: Mapping[K, Awaitable[object]]) -> K:
+    """Run the awaitables together; return the key of the first to finish (the first
+    listed wins a tie) and cancel the rest."""
+    tasks = {key: asyncio.ensure_future(aw) for key, aw in contenders.items()}
+    try:
+        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for key, task in tasks.items():
+        if task in done:
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+            return key
+    raise AssertionError("asyncio.wait returned with nothing done")

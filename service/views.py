@@ -1,0 +1,90 @@
+"""JSON views of live state for the admin API, ``vramd ps`` and the dashboard.
+
+Pure functions of what the orchestrator hands them, so the shape of ``GET
+/api/services`` (DESIGN section 6) is defined in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from service.domain import ProbeReading
+from service.scheduler import LedgerView, ServiceView
+
+if TYPE_CHECKING:
+    from service.runtimes import ServiceRuntime
+
+
+def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
+    """Every field DESIGN section 6 lists for a service, and a few more."""
+    inst = rt.instance
+    spec = rt.spec
+    return {
+        "name": rt.name,
+        "kind": spec.kind.value,
+        "models": list(spec.models),
+        "residency": spec.residency.value,
+        "priority": spec.priority,
+        # The instance's own state is the truth about the process; the scheduler's
+        # adds nothing it does not know, except "waiting for memory" below.
+        "state": inst.state.value,
+        "pid": inst.pid,
+        "port": inst.port,
+        "device": rt.device if inst.pid is not None else view.device,
+        "footprint_bytes": rt.footprint,
+        "host_bytes": rt.host_bytes,
+        "peak_bytes": rt.peak,
+        "estimate_bytes": spec.memory.estimate,
+        "learned_peak_bytes": rt.learned_peak,
+        "expected_peak_bytes": view.expected_peak,
+        "charge_bytes": view.charge,
+        "cap_bytes": spec.memory.cap,
+        "in_flight": view.in_flight,
+        "queued": view.queued,
+        "waiting_for_memory": view.waiting_for_memory,
+        "idle_for_s": view.idle_for,
+        "requests_served": rt.counters["requests_served"],
+        "loads": rt.counters["loads"],
+        "evictions": rt.counters["evictions"],
+        "restarts": rt.counters["restarts"],
+        "last_load_s": rt.last_load_s,
+        "learned_load_s": rt.learned_load_s,
+        "backoff_until": inst.backoff_until,
+        "flags": sorted(rt.flags),
+        "last_error": inst.last_error or view.error,
+    }
+
+
+def status_view(
+    *,
+    reading: ProbeReading | None,
+    ledgers: Sequence[LedgerView | None],
+    headroom: int,
+    services: list[dict[str, Any]],
+) -> dict[str, Any]:
+    by_index = {ledger.device: ledger for ledger in ledgers if ledger is not None}
+    devices = []
+    for device in reading.devices if reading else ():
+        ledger = by_index.get(device.index)
+        devices.append(
+            {
+                "index": device.index,
+                "name": device.name,
+                "total_bytes": device.total,
+                "used_bytes": device.used,
+                "free_bytes": device.free,
+                "managed_bytes": device.managed,
+                "foreign_bytes": device.foreign,
+                "headroom_bytes": headroom,
+                "budget_bytes": ledger.budget if ledger else None,
+                "available_bytes": ledger.available if ledger else None,
+                "charges": dict(ledger.charges) if ledger else {},
+            }
+        )
+    return {
+        "backend": reading.backend if reading else None,
+        "degraded": reading.degraded if reading else None,
+        "devices": devices,
+        "services": services,
+    }

@@ -1,0 +1,960 @@
+"""The scheduler core driven by events on a fake clock (DESIGN section 4).
+
+Each test feeds ``Scheduler.handle`` events with a ``now`` it chooses and asserts on the
+actions that come back: no processes, no sleeps. ``World`` only remembers the figures a
+test needs to build consistent memory samples.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from service.domain import Residency
+from service.scheduler import (
+    Action,
+    DeviceReading,
+    DeviceRule,
+    Event,
+    Grant,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    Learned,
+    LearnedChanged,
+    LoadRequested,
+    MemorySampled,
+    Note,
+    PolicyChanged,
+    Reject,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    Scheduler,
+    ServiceRule,
+    Start,
+    Stop,
+    Tick,
+    UnloadRequested,
+    WindowChanged,
+    expected_peak,
+)
+
+MiB = 1024**2
+PINNED, WARM, ON_DEMAND, WINDOW = (
+    Residency.PINNED,
+    Residency.WARM,
+    Residency.ON_DEMAND,
+    Residency.WINDOW_ONLY,
+)
+RESIDENT = ("starting", "ready", "draining", "stopping")
+
+
+def rule(
+    name: str,
+    residency: Residency = ON_DEMAND,
+    *,
+    priority: int = 100,
+    mib: int = 600,
+    cap: int | None = None,
+    max_concurrency: int = 4,
+    queue_max: int = 8,
+    queue_timeout_s: float = 60.0,
+    idle_ttl_s: float = 0.0,
+    stop_timeout_s: float = 15.0,
+    gpus: tuple[int, ...] | None = None,
+    preload: bool = False,
+) -> ServiceRule:
+    return ServiceRule(
+        name=name,
+        residency=residency,
+        priority=priority,
+        estimate=mib * MiB,
+        cap=cap,
+        max_concurrency=max_concurrency,
+        queue_max=queue_max,
+        queue_timeout_s=queue_timeout_s,
+        idle_ttl_s=idle_ttl_s,
+        stop_timeout_s=stop_timeout_s,
+        gpus=gpus,
+        preload=preload,
+    )
+
+
+class World:
+    """A scheduler, the clock, and what the devices hold besides our instances."""
+
+    def __init__(
+        self,
+        *rules: ServiceRule,
+        devices: dict[int, int] | None = None,
+        device_rule: DeviceRule | None = None,
+        learned: dict[str, Learned] | None = None,
+        foreign: dict[int, int] | None = None,
+        sample: bool = True,
+    ) -> None:
+        self.rules = {r.name: r for r in rules}
+        self.device_rule = device_rule or DeviceRule()
+        self.sched = Scheduler(self.rules, self.device_rule, learned=learned)
+        self.totals = devices or {0: 1000 * MiB}
+        self.foreign = dict(foreign or {})
+        self.footprints: dict[str, int] = {}  # overrides; default: the expected peak
+        self.now = 0.0
+        if sample:
+            self.sample()
+
+    def send(self, event: Event, at: float | None = None) -> list[Action]:
+        if at is not None:
+            self.now = at
+        return self.sched.handle(event, self.now)
+
+    def sample(self, at: float | None = None, *, free_gap: int = 0) -> list[Action]:
+        """A sample consistent with the scheduler's residents; ``free_gap`` hides some
+        free memory (as drivers do with reserved memory)."""
+        fp: dict[str, int] = {}
+        for name in self.sched.service_names():
+            view = self.sched.service_view(name)
+            if view.state in RESIDENT and view.device is not None:
+                default = 0 if view.state == "starting" else view.expected_peak
+                fp[name] = self.footprints.get(name, default)
+        readings = []
+        for d, total in sorted(self.totals.items()):
+            managed = sum(v for n, v in fp.items() if self.sched.service_view(n).device == d)
+            used = managed + self.foreign.get(d, 0)
+            readings.append(DeviceReading(d, total, used, total - used - free_gap, managed))
+        return self.send(MemorySampled(tuple(readings), fp), at)
+
+    def request(self, rid: str, service: str, at: float | None = None) -> list[Action]:
+        return self.send(RequestArrived(rid, service), at)
+
+    def ready(self, service: str, at: float | None = None) -> list[Action]:
+        return self.send(InstanceReady(service), at)
+
+    def stopped(self, service: str, at: float | None = None) -> list[Action]:
+        return self.send(InstanceStopped(service), at)
+
+    def finish(self, rid: str, at: float | None = None) -> list[Action]:
+        return self.send(RequestFinished(rid), at)
+
+    def tick(self, at: float) -> list[Action]:
+        return self.send(Tick(), at)
+
+    def serve(self, service: str, rid: str | None = None) -> None:
+        """Load ``service`` through a request that then finishes: ready and idle."""
+        rid = rid or f"warmup-{service}"
+        assert starts(self.request(rid, service)) == [service]
+        assert grants(self.ready(service)) == [rid]
+        self.finish(rid)
+        self.sample()
+
+    def state(self, service: str) -> str:
+        return self.sched.service_view(service).state
+
+
+def starts(actions: Iterable[Action]) -> list[str]:
+    return [a.service for a in actions if isinstance(a, Start)]
+
+
+def start_devices(actions: Iterable[Action]) -> list[tuple[str, int]]:
+    return [(a.service, a.device) for a in actions if isinstance(a, Start)]
+
+
+def stops(actions: Iterable[Action]) -> list[tuple[str, bool]]:
+    return [(a.service, a.drain) for a in actions if isinstance(a, Stop)]
+
+
+def grants(actions: Iterable[Action]) -> list[str]:
+    return [a.request_id for a in actions if isinstance(a, Grant)]
+
+
+def rejects(actions: Iterable[Action]) -> dict[str, str]:
+    return {a.request_id: a.code for a in actions if isinstance(a, Reject)}
+
+
+def reject_of(actions: Iterable[Action], rid: str) -> Reject:
+    [found] = [a for a in actions if isinstance(a, Reject) and a.request_id == rid]
+    return found
+
+
+def notes(actions: Iterable[Action], kind: str) -> list[Note]:
+    return [a for a in actions if isinstance(a, Note) and a.kind == kind]
+
+
+# ----------------------------------------------------------------- residency table
+
+
+def test_pinned_loads_at_startup_once_memory_is_known() -> None:
+    world = World(rule("chat", PINNED), sample=False)
+    assert starts(world.send(PolicyChanged(world.rules, world.device_rule))) == []
+    actions = world.sample()
+    assert start_devices(actions) == [("chat", 0)]
+    assert [a.reason for a in actions if isinstance(a, Start)] == ["pinned"]
+
+
+def test_pinned_starts_again_after_an_unexpected_exit() -> None:
+    world = World(rule("chat", PINNED))
+    world.ready("chat")
+    actions = world.stopped("chat")
+    assert notes(actions, "exited")
+    assert starts(actions) == ["chat"]
+
+
+def test_pinned_ignores_idle_ttl() -> None:
+    world = World(rule("chat", PINNED, idle_ttl_s=10))
+    world.ready("chat", at=1)
+    assert stops(world.tick(10_000)) == []
+
+
+def test_warm_loads_on_first_request_unless_preloaded() -> None:
+    world = World(rule("embed", WARM), rule("pre", WARM, mib=100, preload=True))
+    assert world.state("embed") == "stopped"
+    assert world.state("pre") == "starting"
+    assert starts(world.request("r1", "embed")) == ["embed"]
+
+
+@pytest.mark.parametrize(
+    ("victim", "victim_priority", "evictor_priority", "evicted"),
+    [
+        (PINNED, 0, 1000, False),
+        (WARM, 100, 100, False),  # an equal priority cannot evict a warm service
+        (WARM, 100, 101, True),
+        (ON_DEMAND, 100, 100, True),
+        (ON_DEMAND, 100, 99, False),  # a lower priority never evicts a higher one
+        (WINDOW, 500, 1, True),  # window-only: batch work, evictable by anything
+    ],
+)
+def test_who_may_evict_whom(
+    victim: Residency, victim_priority: int, evictor_priority: int, evicted: bool
+) -> None:
+    world = World(
+        rule("victim", victim, priority=victim_priority),
+        rule("evictor", priority=evictor_priority),
+    )
+    world.send(WindowChanged(frozenset({"victim"})))
+    if victim is not PINNED:
+        world.serve("victim")
+    else:
+        world.ready("victim")
+    actions = world.request("e1", "evictor")
+    if evicted:
+        assert stops(actions) == [("victim", True), ("victim", False)]
+        assert starts(actions) == []
+        assert [n.data["victims"] for n in notes(actions, "evict")] == [["victim"]]
+        assert starts(world.stopped("victim")) == ["evictor"]
+    else:
+        assert stops(actions) == []
+        assert rejects(actions) == {"e1": "insufficient_capacity"}
+        assert "victim" in reject_of(actions, "e1").message
+
+
+@pytest.mark.parametrize(
+    ("residency", "ttl", "stops_at"),
+    [
+        (ON_DEMAND, 60.0, 70.0),
+        (WARM, 60.0, 70.0),  # warm: applies if set
+        (WARM, 0.0, None),  # ... and 0 means never
+        (WINDOW, 60.0, 70.0),
+    ],
+)
+def test_idle_ttl_unloads_on_tick_and_not_before(
+    residency: Residency, ttl: float, stops_at: float | None
+) -> None:
+    world = World(rule("svc", residency, idle_ttl_s=ttl))
+    world.send(WindowChanged(frozenset({"svc"})))
+    world.request("r1", "svc", at=0)
+    world.ready("svc", at=1)
+    world.finish("r1", at=10)  # last used at 10
+    assert stops(world.tick(69.9)) == []
+    actions = world.tick(70.0)
+    if stops_at is None:
+        assert stops(world.tick(100_000)) == []
+        return
+    assert stops(actions) == [("svc", True), ("svc", False)]
+    [drain, _] = [a for a in actions if isinstance(a, Stop)]
+    assert drain.reason == "idle for 1m (idle_ttl 1m)"
+
+
+def test_a_busy_instance_is_not_idle() -> None:
+    world = World(rule("svc", idle_ttl_s=60))
+    world.request("r1", "svc", at=0)
+    world.ready("svc", at=1)
+    assert stops(world.tick(1000)) == []
+    assert world.sched.service_view("svc").idle_for is None
+
+
+# ----------------------------------------------------------------------- windows
+
+
+def test_window_closed_rejects_with_retry_after() -> None:
+    world = World(rule("batch", WINDOW))
+    actions = world.request("r1", "batch", at=10)
+    assert reject_of(actions, "r1").code == "window_closed"
+    assert reject_of(actions, "r1").retry_after is None  # not known yet
+    world.send(WindowChanged(frozenset(), {"batch": 3610.0}))
+    rejected = reject_of(world.request("r2", "batch", at=100), "r2")
+    assert (rejected.code, rejected.retry_after) == ("window_closed", 3510.0)
+
+
+def test_window_open_loads_and_its_closing_drains_then_stops() -> None:
+    world = World(rule("batch", WINDOW, max_concurrency=1))
+    world.send(WindowChanged(frozenset({"batch"})))
+    assert starts(world.request("r1", "batch")) == ["batch"]
+    world.request("r2", "batch")
+    assert grants(world.ready("batch")) == ["r1"]
+    actions = world.send(WindowChanged(frozenset(), {"batch": 500.0}), at=100)
+    assert stops(actions) == [("batch", True)]
+    assert reject_of(actions, "r2").code == "window_closed"
+    assert reject_of(actions, "r2").retry_after == 400.0
+    assert stops(world.finish("r1")) == [("batch", False)]
+
+
+# ----------------------------------------------------------------- admission steps
+
+
+def test_step2_a_load_that_fits_starts_with_its_figures() -> None:
+    world = World(rule("a", mib=300), device_rule=DeviceRule(headroom=100 * MiB))
+    actions = world.request("r1", "a")
+    assert starts(actions) == ["a"]
+    [admit] = notes(actions, "admit")
+    assert admit.data == {
+        "device": 0,
+        "need": 300 * MiB,
+        "available": 900 * MiB,
+        "budget": 900 * MiB,
+    }
+
+
+def test_step3_victims_are_evicted_together_and_the_load_starts_after_they_stop() -> None:
+    world = World(rule("a", mib=300), rule("b", mib=300), rule("c", mib=250), rule("big", mib=800))
+    for name in ("a", "b", "c"):
+        world.serve(name)
+    actions = world.request("r1", "big")  # 150 free: needs 650 more, three victims
+    [evict] = notes(actions, "evict")
+    assert sorted(evict.data["victims"]) == ["a", "b", "c"]
+    assert sorted(s for s, drain in stops(actions) if drain) == ["a", "b", "c"]
+    assert starts(actions) == []
+    assert starts(world.stopped("a")) == []
+    assert notes(world.stopped("b"), "evict") == []  # no second victim set for one need
+    assert starts(world.stopped("c")) == ["big"]
+
+
+def test_step3_fewest_victims_first() -> None:
+    world = World(rule("s1", mib=200), rule("s2", mib=200), rule("large", mib=450), rule("new"))
+    for name in ("s1", "s2", "large"):
+        world.serve(name)
+    world.request("busy", "large")  # busy, but one victim beats two idle ones
+    actions = world.request("r1", "new")
+    assert stops(actions) == [("large", True)]
+
+
+def test_step3_idle_then_least_recently_used_first() -> None:
+    world = World(rule("a", mib=300), rule("b", mib=300), rule("c", mib=300), rule("new", mib=300))
+    world.serve("a", "a0")
+    world.serve("b", "b0")
+    world.serve("c", "c0")
+    world.request("c1", "c", at=50)  # c busy
+    world.request("a1", "a", at=60)
+    world.finish("a1", at=61)  # a used after b
+    actions = world.request("r1", "new", at=70)
+    assert stops(actions) == [("b", True), ("b", False)]
+
+
+def test_step1_impossible_load_is_refused_at_once_naming_the_holders() -> None:
+    world = World(
+        rule("chat", PINNED, mib=450),
+        rule("demo-image", mib=600),
+        devices={0: 1288 * MiB},
+        foreign={0: 300 * MiB},
+        device_rule=DeviceRule(headroom=128 * MiB),
+    )
+    world.ready("chat")
+    world.sample()
+    actions = world.request("r1", "demo-image")
+    rejected = reject_of(actions, "r1")
+    assert rejected.code == "insufficient_capacity"
+    assert rejected.message == (
+        "demo-image needs 600MiB but at most 410MiB can be freed on device 0: "
+        "chat (pinned) holds 450MiB, foreign processes 300MiB, headroom 128MiB"
+    )
+    assert notes(actions, "refuse")
+    assert starts(actions) == [] and stops(actions) == []
+
+
+def test_every_queued_request_of_an_impossible_load_is_rejected() -> None:
+    world = World(rule("p", PINNED, mib=500), rule("s"), sample=False)
+    world.request("r1", "s")
+    world.request("r2", "s")
+    actions = world.sample()  # first sample: p starts, s can never fit
+    assert starts(actions) == ["p"]
+    assert rejects(actions) == {"r1": "insufficient_capacity", "r2": "insufficient_capacity"}
+
+
+def test_draining_victim_gets_no_new_grants_and_stops_when_its_last_request_ends() -> None:
+    world = World(rule("a", max_concurrency=1), rule("b"))
+    world.serve("a")
+    assert grants(world.request("a1", "a")) == ["a1"]
+    world.request("a2", "a")
+    actions = world.request("b1", "b")
+    assert stops(actions) == [("a", True)]
+    assert world.state("a") == "draining"
+    assert grants(world.request("a3", "a")) == []
+    actions = world.finish("a1")
+    assert stops(actions) == [("a", False)]
+    assert grants(actions) == []
+    assert starts(world.stopped("a")) == ["b"]
+
+
+def test_draining_victim_is_terminated_at_its_stop_timeout() -> None:
+    world = World(rule("a", stop_timeout_s=15), rule("b"))
+    world.serve("a")
+    world.request("a1", "a", at=100)
+    assert stops(world.request("b1", "b", at=100)) == [("a", True)]
+    assert stops(world.tick(114.9)) == []
+    actions = world.tick(115)
+    assert stops(actions) == [("a", False)]
+    [stop] = [a for a in actions if isinstance(a, Stop)]
+    assert stop.reason == "stop_timeout 15s reached with 1 request(s) in flight"
+
+
+def test_two_loads_at_the_same_instant_never_overcommit() -> None:
+    world = World(rule("a"), rule("b"))
+    assert starts(world.request("r1", "a", at=5)) == ["a"]
+    actions = world.request("r2", "b", at=5)
+    assert starts(actions) == []
+    assert [n.message for n in notes(actions, "wait")] == ["b waits for 600MiB: still starting: a"]
+    assert notes(world.sample(), "wait") == []  # the same wait is said once
+    view = world.sched.ledger_view(0)
+    assert view is not None and sum(view.charges.values()) <= view.budget
+
+
+def test_free_memory_is_a_second_ceiling() -> None:
+    world = World(rule("p", PINNED, mib=100), rule("s", mib=500), sample=False)
+    world.sample(free_gap=450 * MiB)  # budget 900 after p, but the device says 450 free
+    assert rejects(world.request("r1", "s")) == {"r1": "insufficient_capacity"}
+    world.sample()
+    assert starts(world.request("r2", "s")) == ["s"]
+
+
+@pytest.mark.parametrize(("foreign_mib", "started"), [(0, True), (300, False)])
+def test_foreign_growth_shrinks_available(foreign_mib: int, started: bool) -> None:
+    world = World(rule("p", PINNED, mib=300), rule("s", mib=500))
+    world.ready("p")
+    world.foreign[0] = foreign_mib * MiB
+    world.sample()
+    actions = world.request("r1", "s")
+    assert (starts(actions) == ["s"]) is started
+    if not started:
+        assert "foreign processes 300MiB" in reject_of(actions, "r1").message
+
+
+@pytest.mark.parametrize(
+    ("service_gpus", "device_gpus", "device"),
+    [
+        (None, None, 1),  # most room left after placing
+        ((0,), None, 0),  # only where the service may run
+        (None, (0, 2), 2),  # only where vramd may run
+    ],
+)
+def test_placement_across_devices(
+    service_gpus: tuple[int, ...] | None, device_gpus: tuple[int, ...] | None, device: int
+) -> None:
+    world = World(
+        rule("s", mib=300, gpus=service_gpus),
+        devices={0: 1000 * MiB, 1: 4000 * MiB, 2: 2000 * MiB},
+        device_rule=DeviceRule(gpus=device_gpus),
+    )
+    assert start_devices(world.request("r1", "s")) == [("s", device)]
+
+
+def test_placement_counts_what_is_already_charged() -> None:
+    world = World(rule("a", mib=700), rule("b", mib=500), devices={0: 1000 * MiB, 1: 1200 * MiB})
+    assert start_devices(world.request("r1", "a")) == [("a", 1)]
+    assert start_devices(world.request("r2", "b")) == [("b", 0)]
+
+
+# ------------------------------------------------------------------------- queues
+
+
+def test_unknown_service_is_model_not_found() -> None:
+    assert rejects(World().request("r1", "nope")) == {"r1": "model_not_found"}
+
+
+def test_queue_full_at_queue_max_with_retry_after() -> None:
+    world = World(rule("s", max_concurrency=1, queue_max=2), learned={"s": Learned(load_s=30)})
+    world.request("r1", "s", at=0)
+    world.request("r2", "s", at=1)
+    rejected = reject_of(world.request("r3", "s", at=10), "r3")
+    assert (rejected.code, rejected.retry_after) == ("queue_full", 20.0)  # rest of the load
+    world.ready("s", at=11)
+    world.request("r4", "s", at=12)
+    rejected = reject_of(world.request("r5", "s", at=12), "r5")
+    assert (rejected.code, rejected.retry_after) == ("queue_full", 1.0)
+
+
+def test_queue_timeout_on_tick() -> None:
+    world = World(rule("x", mib=1000, queue_timeout_s=600), rule("s", mib=100, queue_timeout_s=60))
+    world.request("x1", "x", at=0)
+    world.request("r1", "s", at=0)  # waits: x is still starting and holds everything
+    assert rejects(world.tick(59)) == {}
+    assert rejects(world.tick(60)) == {"r1": "queue_timeout"}
+
+
+def test_slots_and_arrival_order() -> None:
+    world = World(rule("s", max_concurrency=2))
+    for rid in ("r1", "r2", "r3", "r4"):
+        world.request(rid, "s")
+    assert grants(world.ready("s")) == ["r1", "r2"]
+    assert grants(world.finish("r2")) == ["r3"]
+    assert grants(world.send(RequestCancelled("r1"))) == ["r4"]
+
+
+def test_waiting_loads_are_served_by_priority_then_arrival() -> None:
+    world = World(
+        rule("lo", priority=100),
+        rule("hi", priority=200),
+        rule("lo2", priority=100),
+        devices={0: 1300 * MiB},
+        sample=False,
+    )
+    world.request("r1", "lo", at=1)
+    world.request("r2", "lo2", at=2)
+    world.request("r3", "hi", at=3)
+    actions = world.sample()  # room for two of the three
+    assert starts(actions) == ["hi", "lo"]
+    assert [n.service for n in notes(actions, "wait")] == ["lo2"]
+
+
+def test_memory_freed_goes_to_the_highest_priority_waiting() -> None:
+    world = World(rule("x", priority=50, mib=900), rule("a", priority=100), rule("b", priority=200))
+    world.request("x1", "x", at=0)  # x is starting: nothing can evict it yet
+    assert starts(world.request("a1", "a", at=1)) == []
+    assert starts(world.request("b1", "b", at=2)) == []
+    actions = world.ready("x", at=3)
+    assert grants(actions) == ["x1"]
+    assert [n.service for n in notes(actions, "evict")] == ["b"]
+    world.finish("x1")
+    actions = world.stopped("x")
+    assert starts(actions) == ["b"]
+    assert "b (on-demand, priority 200) holds 600MiB" in reject_of(actions, "a1").message
+
+
+def test_a_cancelled_waiter_does_not_cancel_the_load_others_wait_for() -> None:
+    world = World(rule("a"), rule("b"))
+    world.serve("a")
+    world.request("a1", "a")  # keeps a draining for a while
+    world.request("b1", "b")
+    world.request("b2", "b")
+    world.send(RequestCancelled("b1"))
+    world.finish("a1")
+    assert starts(world.stopped("a")) == ["b"]
+    assert grants(world.ready("b")) == ["b2"]
+
+
+def test_when_the_last_waiter_leaves_the_eviction_plan_is_dropped() -> None:
+    world = World(rule("a"), rule("b"))
+    world.serve("a")
+    world.request("a1", "a")
+    assert stops(world.request("b1", "b")) == [("a", True)]
+    actions = world.send(RequestCancelled("b1"))
+    assert notes(actions, "drop-plan")
+    assert stops(actions) == []  # the victim keeps draining: a stop is not undone
+    world.finish("a1")
+    assert starts(world.stopped("a")) == []
+    assert world.state("b") == "stopped"
+
+
+def test_a_start_already_issued_is_not_undone() -> None:
+    world = World(rule("s"))
+    assert starts(world.request("r1", "s")) == ["s"]
+    actions = world.send(RequestCancelled("r1"))
+    assert stops(actions) == [] and world.state("s") == "starting"
+
+
+# ------------------------------------------------------------------- no thrash
+
+
+def test_an_equal_priority_waits_until_the_instance_served_what_it_was_loaded_for() -> None:
+    world = World(rule("a"), rule("b"), rule("vip", priority=300))
+    assert starts(world.request("a1", "a")) == ["a"]
+    assert starts(world.request("b1", "b")) == []
+    actions = world.ready("a")
+    assert grants(actions) == ["a1"]
+    assert stops(actions) == []  # a is protected from b while a1 is served
+    assert stops(world.sample()) == []
+    actions = world.finish("a1")
+    assert stops(actions) == [("a", True), ("a", False)]
+
+
+def test_a_strictly_higher_priority_may_evict_a_protected_instance() -> None:
+    world = World(rule("a"), rule("vip", priority=300))
+    world.request("a1", "a")
+    world.ready("a")
+    assert stops(world.request("v1", "vip")) == [("a", True)]
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_backoff_keeps_the_reservation_and_the_queue() -> None:
+    world = World(rule("s"), rule("t"))
+    world.request("r1", "s")
+    actions = world.send(InstanceBackoff("s", "exit code 1"))
+    assert rejects(actions) == {} and notes(actions, "backoff")
+    view = world.sched.service_view("s")
+    assert (view.state, view.charge, view.error) == ("starting", 600 * MiB, "exit code 1")
+    assert starts(world.request("t1", "t")) == []  # the memory stays s's
+    assert grants(world.ready("s")) == ["r1"]
+
+
+def test_failed_rejects_until_an_operator_loads_again() -> None:
+    world = World(rule("s"))
+    world.request("r1", "s")
+    actions = world.send(InstanceFailed("s", "crash-looping: exit code 1"))
+    rejected = reject_of(actions, "r1")
+    assert rejected.code == "runtime_failed"
+    assert "load it again with POST /api/services/s/load" in rejected.message
+    assert world.sched.service_view("s").charge == 0
+    assert rejects(world.request("r2", "s")) == {"r2": "runtime_failed"}
+    actions = world.send(LoadRequested("s"))
+    assert [a.reason for a in actions if isinstance(a, Start)] == ["load requested"]
+
+
+def test_a_crash_mid_request_forgets_its_requests() -> None:
+    world = World(rule("s", max_concurrency=1))
+    world.request("r1", "s")
+    world.request("r2", "s")
+    world.ready("s")
+    world.send(InstanceBackoff("s", "segfault"))
+    assert grants(world.finish("r1")) == []  # r1 died with the process; no slot change
+    assert grants(world.ready("s")) == ["r2"]
+
+
+# ------------------------------------------------------------ learned and policy
+
+
+@pytest.mark.parametrize(("learned_mib", "started"), [(None, True), (500, False)])
+def test_a_learned_peak_changes_admission(learned_mib: int | None, started: bool) -> None:
+    world = World(rule("p", PINNED, mib=300), rule("s", mib=600))
+    world.ready("p")
+    if learned_mib is not None:
+        world.send(LearnedChanged("p", Learned(peak_bytes=learned_mib * MiB)))
+    actions = world.request("r1", "s")
+    assert (starts(actions) == ["s"]) is started
+
+
+def test_a_removed_service_drains_and_its_queue_is_rejected() -> None:
+    world = World(rule("a", max_concurrency=1), rule("b"))
+    world.request("a1", "a")
+    world.ready("a")
+    world.request("a2", "a")
+    actions = world.send(PolicyChanged({"b": world.rules["b"]}, world.device_rule))
+    assert rejects(actions) == {"a2": "model_not_found"}
+    assert stops(actions) == [("a", True)]
+    assert rejects(world.request("a3", "a")) == {"a3": "model_not_found"}
+    assert stops(world.finish("a1")) == [("a", False)]
+    world.stopped("a")
+    assert world.sched.service_names() == ("b",)
+
+
+def test_a_priority_change_takes_effect_in_place() -> None:
+    world = World(rule("warm", WARM), rule("b"))
+    world.serve("warm")
+    assert rejects(world.request("b1", "b")) == {"b1": "insufficient_capacity"}
+    rules = {**world.rules, "b": replace(world.rules["b"], priority=200)}
+    world.send(PolicyChanged(rules, world.device_rule))
+    assert stops(world.request("b2", "b")) == [("warm", True), ("warm", False)]
+
+
+def test_a_new_pinned_service_starts_when_the_policy_adds_it() -> None:
+    world = World(rule("a", mib=100))
+    rules = {**world.rules, "p": rule("p", PINNED, mib=100)}
+    assert starts(world.send(PolicyChanged(rules, world.device_rule))) == ["p"]
+
+
+def test_a_changed_command_restarts_at_the_next_idle_moment() -> None:
+    world = World(rule("p", PINNED), rule("other", mib=500))
+    world.ready("p")
+    world.request("r1", "p")
+    actions = world.send(PolicyChanged(world.rules, world.device_rule, frozenset({"p"})))
+    assert stops(actions) == []
+    assert world.sched.service_view("p").restart_pending
+    actions = world.finish("r1")
+    assert stops(actions) == [("p", True), ("p", False)]
+    # While it restarts, its memory stays reserved for it.
+    assert starts(world.request("o1", "other")) == []
+    actions = world.stopped("p")
+    assert starts(actions) == ["p"]
+    assert rejects(actions) == {"o1": "insufficient_capacity"}  # p is pinned
+
+
+def test_an_operator_unload_of_a_pinned_service_holds_until_a_load() -> None:
+    world = World(rule("p", PINNED))
+    world.ready("p")
+    assert stops(world.send(UnloadRequested("p"))) == [("p", True), ("p", False)]
+    assert starts(world.stopped("p")) == []
+    assert rejects(world.request("r1", "p")) == {"r1": "insufficient_capacity"}
+    assert starts(world.send(LoadRequested("p"))) == ["p"]
+
+
+def test_an_operator_unload_of_an_on_demand_service_lasts_until_a_request() -> None:
+    world = World(rule("s", max_concurrency=1))
+    world.serve("s")
+    world.request("r1", "s")
+    world.request("r2", "s")
+    actions = world.send(UnloadRequested("s"))
+    assert stops(actions) == [("s", True)]  # r1 in flight finishes first
+    assert rejects(actions) == {"r2": "insufficient_capacity"}  # it would undo the unload
+    assert "unloaded by an operator" in reject_of(actions, "r2").message
+    assert stops(world.finish("r1")) == [("s", False)]
+    assert starts(world.stopped("s")) == []
+    assert starts(world.request("r3", "s")) == ["s"]
+
+
+def test_duplicate_request_ids_are_ignored() -> None:
+    world = World(rule("s"))
+    world.request("r1", "s")
+    actions = world.request("r1", "s")
+    assert notes(actions, "ignored") and rejects(actions) == {}
+
+
+def test_same_events_give_the_same_actions() -> None:
+    def run() -> list[Action]:
+        world = World(rule("a", mib=300), rule("b", mib=300), rule("c", mib=500, priority=200))
+        out: list[Action] = []
+        for i, name in enumerate(["a", "b", "c", "a", "b"]):
+            out += world.request(f"r{i}", name, at=i)
+            out += world.ready(name, at=i + 0.5)
+            out += world.sample()
+        return out
+
+    assert run() == run()
+
+
+# ------------------------------------------------------------- property test
+
+
+@dataclass
+class Sim:
+    """A fake world that carries out the scheduler's plan and checks its invariants."""
+
+    rnd: random.Random
+    rules: dict[str, ServiceRule]
+    device_rule: DeviceRule
+    totals: dict[int, int]
+    sched: Scheduler = field(init=False)
+    now: float = 0.0
+    state: dict[str, str] = field(default_factory=dict)  # what the world's processes do
+    device: dict[str, int] = field(default_factory=dict)
+    due: list[tuple[float, int, Event]] = field(default_factory=list)
+    in_flight: dict[str, str] = field(default_factory=dict)  # request -> service
+    answers: dict[str, int] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+    foreign: dict[int, int] = field(default_factory=dict)
+    learned: dict[str, Learned] = field(default_factory=dict)
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.sched = Scheduler(self.rules, self.device_rule)
+
+    def later(self, delay: float, event: Event) -> None:
+        self.counter += 1
+        self.due.append((self.now + delay, self.counter, event))
+
+    def send(self, event: Event) -> None:
+        actions = self.sched.handle(event, self.now)
+        self.carry_out(actions)
+
+    def carry_out(self, actions: Sequence[Action]) -> None:
+        started_on: set[int] = set()
+        for action in actions:
+            if isinstance(action, Start):
+                assert self.state.get(action.service, "stopped") == "stopped", action
+                self.state[action.service] = "starting"
+                self.device[action.service] = action.device
+                started_on.add(action.device)
+                roll = self.rnd.random()
+                delay = self.rnd.uniform(0.5, 20)
+                if roll < 0.05:
+                    self.later(delay, InstanceFailed(action.service, "boom"))
+                elif roll < 0.15:
+                    self.later(delay, InstanceBackoff(action.service, "retry"))
+                    self.later(delay + 5, InstanceReady(action.service))
+                else:
+                    self.later(delay, InstanceReady(action.service))
+            elif isinstance(action, Stop):
+                current = self.state.get(action.service)
+                if action.drain:
+                    assert current == "ready", action
+                    self.state[action.service] = "draining"
+                else:
+                    assert current in ("starting", "ready", "draining"), action
+                    self.state[action.service] = "stopping"
+                    self.later(self.rnd.uniform(0.1, 5), InstanceStopped(action.service))
+            elif isinstance(action, Grant):
+                assert self.state.get(action.service) == "ready", action
+                self.answers[action.request_id] = self.answers.get(action.request_id, 0) + 1
+                self.in_flight[action.request_id] = action.service
+                self.later(self.rnd.uniform(0.1, 30), RequestFinished(action.request_id))
+            elif isinstance(action, Reject):
+                self.answers[action.request_id] = self.answers.get(action.request_id, 0) + 1
+            elif isinstance(action, Note) and action.kind == "evict":
+                self.check_eviction(action)
+        for device in started_on:
+            view = self.sched.ledger_view(device)
+            assert view is not None
+            assert sum(view.charges.values()) <= view.budget, view
+
+    def check_eviction(self, note: Note) -> None:
+        """The residency table holds in any mix: pinned never, warm only for strictly
+        higher, on-demand for equal or higher, window-only for anything."""
+        assert note.service is not None
+        evictor = self.rules[note.service].priority
+        for name in note.data["victims"]:
+            victim = self.rules[name]
+            if victim.residency is PINNED:
+                raise AssertionError(f"pinned {name} evicted for {note.service}")
+            if victim.residency is WARM:
+                assert evictor > victim.priority, note
+            elif victim.residency is ON_DEMAND:
+                assert evictor >= victim.priority, note
+
+    def deliver_due(self) -> None:
+        self.due.sort(key=lambda item: (item[0], item[1]))
+        while self.due and self.due[0][0] <= self.now:
+            _, _, event = self.due.pop(0)
+            if isinstance(event, InstanceReady | InstanceBackoff | InstanceFailed):
+                if self.state.get(event.service) != "starting":
+                    continue  # stopped meanwhile: the supervisor cancels the retry
+                if isinstance(event, InstanceReady):
+                    self.state[event.service] = "ready"
+                elif isinstance(event, InstanceFailed):
+                    self.state[event.service] = "stopped"
+            elif isinstance(event, InstanceStopped):
+                self.state[event.service] = "stopped"
+                for rid, name in list(self.in_flight.items()):
+                    if name == event.service:  # killed with its process
+                        del self.in_flight[rid]
+            elif (
+                isinstance(event, RequestFinished)
+                and self.in_flight.pop(event.request_id, None) is None
+            ):
+                continue
+            self.send(event)
+
+    def sample(self) -> None:
+        footprints: dict[str, int] = {}
+        for name, state in sorted(self.state.items()):
+            if state in RESIDENT and name in self.rules:
+                peak = expected_peak(self.rules[name], self.learned.get(name))
+                share = 0.3 if state == "starting" else self.rnd.uniform(0.5, 1.1)
+                footprints[name] = int(peak * share)
+        readings = []
+        for d, total in sorted(self.totals.items()):
+            managed = sum(v for n, v in footprints.items() if self.device.get(n) == d)
+            used = min(total, managed + self.foreign.get(d, 0))
+            readings.append(DeviceReading(d, total, used, total - used, managed))
+        self.send(MemorySampled(tuple(readings), footprints))
+
+    def step(self, request_no: int) -> None:
+        self.now += self.rnd.uniform(0.0, 3.0)
+        self.deliver_due()
+        roll = self.rnd.random()
+        names = sorted(self.rules)
+        if roll < 0.45:
+            rid = f"r{request_no}"
+            name = self.rnd.choice([*names, "unknown"] if roll < 0.02 else names)
+            self.answers.setdefault(rid, 0)
+            self.send(RequestArrived(rid, name))
+        elif roll < 0.52:
+            open_ids = [r for r, n in self.answers.items() if n == 0 and r not in self.cancelled]
+            if open_ids:
+                rid = self.rnd.choice(sorted(open_ids))
+                self.cancelled.add(rid)
+                self.send(RequestCancelled(rid))
+        elif roll < 0.70:
+            self.send(Tick())
+        elif roll < 0.85:
+            for d in self.totals:
+                self.foreign[d] = self.rnd.choice([0, 0, 50 * MiB, 200 * MiB])
+            self.sample()
+        elif roll < 0.90:
+            windowed = [n for n in names if self.rules[n].residency is WINDOW]
+            allowed = frozenset(n for n in windowed if self.rnd.random() < 0.6)
+            self.send(WindowChanged(allowed, {n: self.now + 60 for n in windowed}))
+        elif roll < 0.93:
+            name = self.rnd.choice(names)
+            operator: list[Event] = [LoadRequested(name), UnloadRequested(name)]
+            self.send(self.rnd.choice(operator))
+        elif roll < 0.96:
+            name = self.rnd.choice(names)
+            peak = self.rnd.randint(50, 900) * MiB
+            self.learned[name] = Learned(peak_bytes=peak, load_s=self.rnd.uniform(1, 30))
+            self.send(LearnedChanged(name, self.learned[name]))
+        else:
+            name = self.rnd.choice(names)
+            changed = replace(self.rules[name], priority=self.rnd.choice([50, 100, 200]))
+            self.rules = {**self.rules, name: changed}
+            restart = frozenset({name}) if self.rnd.random() < 0.5 else frozenset()
+            self.send(PolicyChanged(dict(self.rules), self.device_rule, restart))
+
+    def settle(self) -> None:
+        """No more arrivals: let every timer and process run out."""
+        for _ in range(200):
+            self.now += 5.0
+            self.deliver_due()
+            self.sample()
+            self.send(Tick())
+            if not self.in_flight and all(
+                n > 0 for r, n in self.answers.items() if r not in self.cancelled
+            ):
+                return
+
+
+def random_rules(rnd: random.Random, devices: int) -> dict[str, ServiceRule]:
+    rules = {}
+    for i in range(rnd.randint(2, 5)):
+        residency = rnd.choice([PINNED, WARM, ON_DEMAND, ON_DEMAND, WINDOW])
+        name = f"s{i}"
+        rules[name] = ServiceRule(
+            name=name,
+            residency=residency,
+            priority=rnd.choice([50, 100, 100, 200]),
+            estimate=rnd.randint(100, 900) * MiB,
+            cap=rnd.choice([None, 950 * MiB]),
+            max_concurrency=rnd.randint(1, 3),
+            queue_max=rnd.randint(0, 4),
+            queue_timeout_s=rnd.uniform(5, 60),
+            idle_ttl_s=0.0 if residency is PINNED else rnd.choice([0.0, 30.0]),
+            stop_timeout_s=rnd.uniform(5, 20),
+            gpus=rnd.choice([None, (rnd.randrange(devices),)]),
+            preload=residency is WARM and rnd.random() < 0.3,
+        )
+    return rules
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_event_sequences_keep_the_invariants(seed: int) -> None:
+    """Charges never exceed the budget after a Start; grants go only to ready instances;
+    every request is answered exactly once (unless its client left first)."""
+    rnd = random.Random(seed)
+    devices = rnd.choice([1, 1, 2])
+    totals = {d: rnd.choice([1000, 1500, 2000]) * MiB for d in range(devices)}
+    device_rule = DeviceRule(
+        budget_limit=rnd.choice([None, 900 * MiB]),
+        headroom=rnd.choice([0, 50 * MiB]),
+    )
+    sim = Sim(rnd, random_rules(rnd, devices), device_rule, totals)
+    sim.send(PolicyChanged(dict(sim.rules), device_rule))
+    sim.sample()
+    for request_no in range(120):
+        sim.step(request_no)
+    sim.settle()
+    for rid, count in sim.answers.items():
+        if rid in sim.cancelled:
+            assert count <= 1, rid
+        else:
+            assert count == 1, (rid, count)
