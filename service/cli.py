@@ -9,6 +9,7 @@ asked for failed or is invalid, 2 usage errors (typer's), 3 the daemon is unreac
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -110,6 +111,7 @@ def serve(
     if problem:
         err.print(problem)
         raise typer.Exit(1)
+    configure_logging(settings.log_level)
     application = create_app(settings)
     uvicorn.run(
         application,
@@ -143,6 +145,16 @@ def db_upgrade(
     out.print(f"{path}: database is at the newest schema", markup=False)
 
 
+def configure_logging(level: str) -> None:
+    """vramd's own log lines (decisions, state changes) on stderr beside uvicorn's."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger("vramd")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
 def _settings(**overrides: Any) -> Settings:
     return Settings(**{key: value for key, value in overrides.items() if value is not None})
 
@@ -159,3 +171,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -199,6 +199,11 @@ class Window(_Strict):
 class Maintenance(_Strict):
     windows: list[Window] = []
 
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _empty_list(cls, value: Any) -> Any:
+        return [] if value is None else value
+
 
 class Policy(_Strict):
     version: Literal[1]
@@ -207,6 +212,14 @@ class Policy(_Strict):
     defaults: Defaults = Defaults()
     services: dict[StrictStr, Service] = {}
     maintenance: Maintenance = Maintenance()
+
+    @field_validator("services", "maintenance", mode="before")
+    @classmethod
+    def _empty_section(cls, value: Any) -> Any:
+        # "services:" with nothing under it is YAML null: an empty section, not an error.
+        if value is None:
+            return {}
+        return value
 
     def service_for_model(self, model: str) -> str | None:
         for name, service in self.services.items():
@@ -343,6 +356,26 @@ def _is_branch_name(part: int | str) -> bool:
     return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool"})
 
 
+# Service and window keys that no cross-field check reads.
+_UNCHECKED_ACROSS = frozenset(
+    {
+        "priority",
+        "idle_ttl",
+        "max_concurrency",
+        "queue",
+        "startup_timeout",
+        "stop_timeout",
+        "restart",
+        "metrics",
+        "upstream_model",
+        "cwd",
+        "duration",
+        "timezone",
+        "cron",
+    }
+)
+
+
 def _partial_policy(data: dict[str, Any]) -> Policy:
     """The parts of an invalid file that do validate, so cross-field checks still run.
 
@@ -355,6 +388,14 @@ def _partial_policy(data: dict[str, Any]) -> Policy:
             raw = {key: value for key, value in raw.items() if key in model.model_fields}
         try:
             return model.model_validate(raw)
+        except ValidationError as exc:
+            # Keys no cross-field check reads can be left out (already reported) and the
+            # rest checked; an error in a key a check reads would give false errors.
+            bad = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+            if not isinstance(raw, dict) or not bad <= _UNCHECKED_ACROSS:
+                return None
+        try:
+            return model.model_validate({k: v for k, v in raw.items() if k not in bad})
         except ValidationError:
             return None
 

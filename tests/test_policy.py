@@ -115,7 +115,10 @@ def test_issues_come_sorted_by_position() -> None:
 def test_issue_columns_point_at_the_offending_text() -> None:
     text = one_service(memory="{estimate: 6GiB, cap: 5GiB}", priority="1001")
     by_path = {issue.path: issue for issue in issues_of(text)}
-    assert len(by_path) == 1  # the service is invalid, so its cap is not cross-checked
+    # A bad priority is no reason to hide the cap check: no cross-field check reads it.
+    assert set(by_path) == {"services.chat.priority", "services.chat.memory.cap"}
+    cap = by_path["services.chat.memory.cap"]
+    assert text.splitlines()[cap.line - 1][cap.col - 1 :].startswith("5GiB")
     priority = by_path["services.chat.priority"]
     assert (priority.line, priority.col) == (8, 15)
     assert text.splitlines()[7][priority.col - 1 :] == "1001"

@@ -81,3 +81,33 @@ async def policy(
     if format == "yaml":
         return PlainTextResponse(str(record["text"]), media_type="application/yaml")
     return record
+
+
+@router.get("/api/events")
+async def events(
+    store: StoreDep,
+    since: Annotated[int | None, Query(description="return events after this event id")] = None,
+    since_ts: Annotated[float | None, Query(description="epoch seconds")] = None,
+    service: str | None = None,
+    kind: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> dict[str, Any]:
+    """Persisted events, oldest first; page forward with ``since`` = the last id seen."""
+    with store.session() as session:
+        rows = queries.list_events(
+            session, since_id=since, since_ts=since_ts, service=service, kind=kind, limit=limit
+        )
+        return {
+            "events": [
+                {
+                    "id": row.id,
+                    "ts": row.ts,
+                    "kind": row.kind,
+                    "service": row.service,
+                    "instance_id": row.instance_id,
+                    "message": row.message,
+                    "data": row.data,
+                }
+                for row in rows
+            ]
+        }

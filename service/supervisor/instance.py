@@ -40,7 +40,7 @@ from service.supervisor.logs import LogRing
 from service.supervisor.process import ProcessLauncher
 from service.supervisor.run import LaunchSpec, OnSpawned, ProcessRun, RunEnd, RunResult
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vramd.supervisor")
 
 S = InstanceState
 OnState = Callable[["Instance", InstanceState, InstanceState, str], None]

@@ -28,7 +28,7 @@ from service.clock import Clock
 from service.supervisor.logs import LogRing
 from service.supervisor.process import ProcessLauncher, RuntimeProcess, SpawnError, describe_exit
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vramd.supervisor")
 
 OnSpawned = Callable[[RuntimeProcess], Awaitable[None]]
 

@@ -1,0 +1,103 @@
+"""The ``vramd`` command as a real process: check, schema, db upgrade."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from support.daemon import REPO_ROOT
+
+INVALID = REPO_ROOT / "tests" / "policies" / "invalid"
+
+
+def vramd(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_check_accepts_every_shipped_policy() -> None:
+    for path in sorted((REPO_ROOT / "config").glob("*.yaml")):
+        result = vramd("check", str(path))
+        assert result.returncode == 0, result.stderr
+        assert "valid policy" in result.stdout
+
+
+def test_check_summarises_each_service() -> None:
+    result = vramd("check", "config/demo.yaml")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "config/demo.yaml: valid policy, 4 services"
+    assert any(line.startswith("  chat: chat pinned priority 300") for line in lines)
+    assert any("window nightly" in line for line in lines)
+
+
+def test_check_prints_every_error_and_exits_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "version: 1\n"
+        "services:\n"
+        "  chat:\n"
+        "    kind: chat\n"
+        "    models: [a]\n"
+        "    command: [x]\n"
+        "    memory: {estimate: 6GiB, cap: 5GiB}\n"
+        "    priority: 2000\n"
+        "    colour: blue\n"
+    )
+    result = vramd("check", str(bad))
+    assert result.returncode == 1
+    err = result.stderr
+    assert f"{bad}: services.chat.memory.cap (line 7, col 35): must be >= estimate (6GiB)" in err
+    assert "services.chat.priority (line 8, col 15)" in err
+    assert "services.chat.colour (line 9, col 5): unknown key" in err
+    assert "3 errors; nothing was changed" in err
+
+
+def test_check_on_every_invalid_fixture_fails() -> None:
+    for path in sorted(INVALID.glob("*.yaml"))[:5]:
+        result = vramd("check", str(path))
+        assert result.returncode == 1, path
+        assert "error" in result.stderr
+
+
+def test_check_missing_file(tmp_path: Path) -> None:
+    result = vramd("check", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 1
+    assert "cannot read policy file" in result.stderr
+
+
+def test_schema_is_json_schema() -> None:
+    result = vramd("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "vramd policy"
+    assert {"version", "services", "device", "maintenance"} <= set(schema["properties"])
+
+
+def test_db_upgrade_creates_a_migrated_database(tmp_path: Path) -> None:
+    db = tmp_path / "sub" / "v.db"
+    result = vramd("db", "upgrade", "--db", str(db))
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(db) as conn:
+        tables = {row[0] for row in conn.execute("select name from sqlite_master")}
+        assert {"policy_versions", "services", "instances", "events"} <= tables
+        assert conn.execute("pragma journal_mode").fetchone() == ("wal",)
+
+
+def test_db_upgrade_on_a_non_database_fails_cleanly(tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    db.write_bytes(b"this is not sqlite" * 100)
+    result = vramd("db", "upgrade", "--db", str(db))
+    assert result.returncode == 1
+    assert str(db) in result.stderr
+    assert "Traceback" not in result.stderr
