@@ -8,9 +8,11 @@ runtime before closing the database. Tests pass fakes for the injectable parts.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import signal
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -30,6 +32,20 @@ from service.store import open_store
 from service.supervisor import ProcessLauncher
 
 log = logging.getLogger("vramd")
+
+
+def _on_sighup(handler: Callable[[], None]) -> Callable[[], None]:
+    """Re-read the policy file on SIGHUP (main thread only); returns the undo."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, handler)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None  # not the main thread (e.g. a test client): no signals
+
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return undo
 
 
 def refuse_unsafe_bind(host: str, policy: Policy) -> str | None:
@@ -68,9 +84,11 @@ def create_app(
             log.error("vramd cannot start: %s", exc)
             raise
         app.state.daemon = daemon
+        hangup = _on_sighup(daemon.orchestrator.reload_policy_file)
         try:
             yield
         finally:
+            hangup()
             await _stop_daemon(daemon, own_probe=probe is None)
 
     app = FastAPI(

@@ -19,8 +19,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -32,6 +31,7 @@ from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
     ModelNotFound,
+    PolicyError,
     QueueFull,
     QueueTimeout,
     RequestRejected,
@@ -40,7 +40,9 @@ from service.errors import (
     WindowClosed,
 )
 from service.eventlog import EventLog
-from service.policy import Policy
+from service.maintenance import Maintenance, OpenWindow, WindowSpec
+from service.policy import Policy, diff_policies, load_policy
+from service.policy_records import persist_policy
 from service.proxy import Lease
 from service.runtimes import ServiceRuntime, free_loopback_port, launch_args
 from service.sampling import Sampler
@@ -60,11 +62,13 @@ from service.scheduler import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    RestartRequested,
     Scheduler,
     Start,
     Stop,
     Tick,
     UnloadRequested,
+    WindowChanged,
     rules_from_policy,
 )
 from service.settings import Settings
@@ -80,6 +84,7 @@ from service.supervisor import (
     reap_orphans,
     wait_settled,
 )
+from service.tasks import TaskGroup
 from service.views import service_view, status_view
 
 log = logging.getLogger("vramd.orchestrator")
@@ -95,6 +100,8 @@ _REJECTIONS: dict[str, type[RequestRejected]] = {
     "model_not_found": ModelNotFound,
 }
 _PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
+# Flags that describe one instance and that a maintenance restart cures.
+INSTANCE_FLAGS = frozenset({"creeping", "fragmented", "over-cap"})
 
 
 @dataclass
@@ -103,28 +110,6 @@ class _Waiter:
     service: str
     arrived: float
     cold: bool
-
-
-@dataclass
-class _Tasks:
-    """Background work the orchestrator started and must finish or cancel at close."""
-
-    running: set[asyncio.Task[Any]] = field(default_factory=set)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self.running.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self.running.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
-
-    async def cancel_all(self) -> None:
-        for task in list(self.running):
-            task.cancel()
-        await asyncio.gather(*self.running, return_exceptions=True)
 
 
 class Orchestrator:
@@ -154,10 +139,13 @@ class Orchestrator:
         self._waiters: dict[str, _Waiter] = {}
         self._pending: deque[Event] = deque()
         self._feeding = False
-        self._tasks = _Tasks()
-        self._loops = _Tasks()
+        self._tasks = TaskGroup()
+        self._loops = TaskGroup()
         self._closing = False
         self.sampler = Sampler(self, probe=probe, store=store, clock=clock)
+        self.maintenance = Maintenance(
+            clock=clock, on_open=self._window_opened, on_close=self._window_closed
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -172,12 +160,15 @@ class Orchestrator:
             data={"services": sorted(rules)},
         )
         self.feed(PolicyChanged(rules, device_rule))
+        self.maintenance.start(self.window_specs())
+        self._feed_windows()
         self._loops.spawn(self.sampler.run(), "sampler")
         self._loops.spawn(self._tick_loop(), "ticker")
 
     async def close(self) -> None:
         """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
         self._closing = True
+        self.maintenance.shutdown()
         await self._loops.cancel_all()
         for request_id, waiter in list(self._waiters.items()):
             self._waiters.pop(request_id, None)
@@ -402,6 +393,8 @@ class Orchestrator:
             )
         rt.footprint = rt.host_bytes = 0
         self.feed(InstanceStopped(rt.name))
+        if rt.name not in self.policy.services and self.runtimes.get(rt.name) is rt:
+            del self.runtimes[rt.name]  # removed by a policy apply; now it is gone
 
     def _on_state(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
         """Every instance transition: record it, and tell the scheduler what it means."""
@@ -417,6 +410,16 @@ class Orchestrator:
             rt.counters["restarts"] += 1
         if new is S.READY:
             assert inst.port is not None
+            cleared = rt.flags & INSTANCE_FLAGS
+            if cleared:
+                # Flags describe an instance; this one is new.
+                rt.flags -= cleared
+                self.events.record(
+                    "flag-cleared",
+                    f"{rt.name}: {', '.join(sorted(cleared))} cleared by a fresh instance",
+                    service=rt.name,
+                    data={"flags": sorted(cleared)},
+                )
             rt.open_client(inst.port)
             rt.last_load_s = inst.load_s
             self.sampler.record_ready(rt)
@@ -434,6 +437,252 @@ class Orchestrator:
             elif old is not S.STOPPING and not self._closing:
                 # It left on its own (exited while draining): settle, then report.
                 self._tasks.spawn(self._settle(rt, rt.last_pids), f"settle {rt.name}")
+
+    # -------------------------------------------------------------- policy apply
+
+    def apply_policy(self, text: str, *, source: str, dry_run: bool = False) -> dict[str, Any]:
+        """Validate, diff, store as a version, then act (DESIGN section 3).
+
+        Raises ``PolicyError`` (nothing changes) for an invalid text. New services are
+        registered (pinned ones start), removed ones drain and stop, services whose
+        process would differ restart at their next idle moment, and everything else
+        (priorities, caps, queues, TTLs, windows) takes effect in place.
+        """
+        policy = load_policy(text)
+        diff = diff_policies(self.policy, policy)
+        result: dict[str, Any] = {
+            "dry_run": dry_run,
+            "diff": diff.model_dump(mode="json"),
+            "lines": diff.lines(),
+            "version": None,
+            "changed": False,
+        }
+        if dry_run:
+            return result
+        with self._store.session() as session:
+            version, is_new = persist_policy(
+                session, policy=policy, text=text, source=source, now=self._clock.now()
+            )
+        result.update(version=version, changed=is_new)
+        if is_new:
+            self._install(policy, diff.added, {c.name for c in diff.changed if c.restart})
+            self.events.record(
+                "policy",
+                f"policy version {version} applied from {source}: " + "; ".join(diff.lines()),
+                data={"version": version, "diff": result["diff"]},
+            )
+        return result
+
+    def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
+        self.policy = policy
+        for name in added:
+            self.runtimes[name] = self._new_runtime(name)
+        for name, rt in list(self.runtimes.items()):
+            if name in policy.services:
+                rt.spec = policy.services[name]
+            elif rt.instance.pid is None:
+                del self.runtimes[name]  # removed and not running: nothing to drain
+        rules, device_rule = rules_from_policy(policy)
+        self._device_rule = device_rule
+        self.feed(PolicyChanged(rules, device_rule, restart=frozenset(restart)))
+        self.maintenance.configure(self.window_specs())
+        self._feed_windows()
+
+    def reload_policy_file(self) -> None:
+        """SIGHUP: apply the policy file again; an invalid file is reported and ignored."""
+        path = self._settings.config
+        try:
+            result = self.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
+        except (OSError, UnicodeDecodeError) as exc:
+            self.events.record("policy-error", f"SIGHUP: cannot read {path}: {exc}")
+        except PolicyError as exc:
+            self.events.record(
+                "policy-error",
+                f"SIGHUP: {path} is invalid; nothing changed: {exc}",
+                data={"errors": [issue.as_dict() for issue in exc.issues]},
+            )
+        else:
+            if not result["changed"]:
+                self.events.record("policy", f"SIGHUP: {path} unchanged")
+
+    # ---------------------------------------------------------------- windows
+
+    def window_specs(self) -> list[WindowSpec]:
+        """The policy's windows and the one-off windows operators created (SQLite)."""
+        specs = [
+            WindowSpec(
+                name=w.name,
+                cron=w.cron,
+                duration_s=w.duration,
+                timezone=w.timezone,
+                restart=w.restart if isinstance(w.restart, str) else tuple(w.restart),
+                allow=tuple(w.allow),
+            )
+            for w in self.policy.maintenance.windows
+        ]
+        with self._store.session() as session:
+            for row in queries.list_windows(session):
+                if row.origin == "api" and row.start_at is not None:
+                    specs.append(
+                        WindowSpec(
+                            name=row.name,
+                            start_at=row.start_at,
+                            duration_s=row.duration_s,
+                            timezone=row.timezone,
+                            restart=row.restart
+                            if isinstance(row.restart, str)
+                            else tuple(row.restart),
+                            allow=tuple(row.allow),
+                            origin="api",
+                        )
+                    )
+        return specs
+
+    def _feed_windows(self) -> None:
+        mono, wall = self._clock.monotonic(), self._clock.now()
+        next_open = {
+            name: mono + max(0.0, at - wall)
+            for name, at in self.maintenance.next_allowed_at().items()
+        }
+        self.feed(WindowChanged(self.maintenance.allowed(), next_open))
+
+    def _restart_targets(self, restart: str | tuple[str, ...]) -> list[str]:
+        resident = [n for n, rt in self.runtimes.items() if rt.instance.pid is not None]
+        if restart == "all":
+            return resident
+        if restart == "flagged":
+            return [n for n in resident if self.runtimes[n].flags & INSTANCE_FLAGS]
+        if isinstance(restart, tuple):
+            return [n for n in restart if n in resident]
+        return []
+
+    def _window_opened(self, spec: WindowSpec, trigger: str) -> None:
+        window = self.maintenance.open[spec.name]
+        with self._store.session() as session:
+            window.run_id = queries.record_maintenance_run(
+                session, window=spec.name, trigger=trigger, started_at=window.opened_at
+            )
+        targets = self._restart_targets(spec.restart)
+        for name in targets:
+            reason = f"maintenance window {spec.name}"
+            if self.runtimes[name].flags:
+                reason += f" (flagged {', '.join(sorted(self.runtimes[name].flags))})"
+            window.actions.append({"service": name, "action": "restart", "reason": reason})
+            self.feed(RestartRequested(name, reason))
+        self.events.record(
+            "window-open",
+            f"maintenance window {spec.name} open ({trigger}) for "
+            f"{spec.duration_s:g}s; restarting {', '.join(targets) or 'nothing'}"
+            + (f"; allowing {', '.join(spec.allow)}" if spec.allow else ""),
+            data={"window": spec.name, "restart": targets, "allow": list(spec.allow)},
+        )
+        self._feed_windows()
+
+    def _window_closed(self, window: OpenWindow) -> None:
+        if window.run_id is not None:
+            with self._store.session() as session:
+                queries.finish_maintenance_run(
+                    session,
+                    run_id=window.run_id,
+                    ended_at=self._clock.now(),
+                    actions=window.actions,
+                )
+        self.events.record(
+            "window-close",
+            f"maintenance window {window.spec.name} closed",
+            data={"window": window.spec.name},
+        )
+        self._feed_windows()
+
+    def run_window(self, name: str) -> dict[str, Any]:
+        """Open a window now for its duration (``POST /api/maintenance/{name}/run``)."""
+        if name not in self.maintenance.windows:
+            raise ServiceNotFound(f"no maintenance window named {name!r}")
+        self.maintenance.open_window(name, trigger="manual")
+        return self.windows_view(name)
+
+    def add_window(
+        self,
+        *,
+        name: str,
+        start_at: float,
+        duration_s: float,
+        restart: str | list[str],
+        allow: list[str],
+    ) -> dict[str, Any]:
+        """A one-off window an operator scheduled; stored, so it survives restarts."""
+        problems = [
+            f"no service named {svc!r}"
+            for svc in (restart if isinstance(restart, list) else []) + allow
+            if svc not in self.policy.services
+        ]
+        problems += [
+            f"{svc!r} is not a window-only service"
+            for svc in allow
+            if svc in self.policy.services
+            and self.policy.services[svc].residency.value != "window-only"
+        ]
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        with self._store.session() as session:
+            try:
+                queries.add_api_window(
+                    session,
+                    name=name,
+                    start_at=start_at,
+                    duration_s=duration_s,
+                    restart=restart,
+                    allow=allow,
+                    created_at=self._clock.now(),
+                )
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
+        self.maintenance.configure(self.window_specs())
+        self._feed_windows()
+        self.events.record(
+            "window-added",
+            f"one-off maintenance window {name} at {start_at:.0f} for {duration_s:g}s "
+            f"(restart {restart})",
+            data={"window": name},
+        )
+        return self.windows_view(name)
+
+    def delete_window(self, name: str) -> None:
+        with self._store.session() as session:
+            deleted = queries.delete_api_window(session, name=name)
+        if not deleted:
+            raise ServiceNotFound(f"no maintenance window named {name!r} created through the API")
+        self.maintenance.close_window(name)
+        self.maintenance.configure(self.window_specs())
+        self._feed_windows()
+        self.events.record("window-deleted", f"maintenance window {name} deleted")
+
+    def windows_view(self, name: str | None = None) -> dict[str, Any]:
+        out = []
+        for spec in self.maintenance.windows.values():
+            if name is not None and spec.name != name:
+                continue
+            window = self.maintenance.open.get(spec.name)
+            out.append(
+                {
+                    "name": spec.name,
+                    "origin": spec.origin,
+                    "cron": spec.cron,
+                    "start_at": spec.start_at,
+                    "duration_s": spec.duration_s,
+                    "timezone": spec.timezone,
+                    "restart": spec.restart
+                    if isinstance(spec.restart, str)
+                    else list(spec.restart),
+                    "allow": list(spec.allow),
+                    "next_start": self.maintenance.next_start(spec.name),
+                    "open": window is not None,
+                    "closes_at": window.closes_at if window else None,
+                }
+            )
+        if name is not None:
+            return out[0]
+        return {"windows": out}
 
     # ------------------------------------------------------------- for the proxy
 

@@ -33,6 +33,12 @@ generator suspended, so a release in its ``finally`` would wait for the garbage 
 
 Per request this module does no JSON work at all; the router re-encodes a body only when
 ``Lease.upstream_model`` asks for a rewrite. Timeouts and header tables are built once.
+
+One Linux-specific courtesy: runtimes that write headers and body (or event after event)
+in separate small sends without ``TCP_NODELAY`` (Python's ``http.server``, cpp-httplib by
+default) meet the receiver's delayed ACK, and each answer stalls ~40 ms. The proxy asks
+for an immediate ACK (``TCP_QUICKACK``) once the headers are in and after every relayed
+chunk: one ``setsockopt`` each, and answers arrive when the runtime sends them.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import enum
 import json
 import logging
 import secrets
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -197,6 +204,27 @@ def new_request_id() -> str:
     return "req-" + secrets.token_hex(8)
 
 
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+
+
+class _Acker:
+    """Sends the pending ACK on an upstream connection now (see the module docstring)."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, upstream: httpx.Response) -> None:
+        stream = upstream.extensions.get("network_stream")  # absent for mock transports
+        self._sock = stream.get_extra_info("socket") if stream and _QUICKACK else None
+        self()
+
+    def __call__(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:
+                self._sock = None
+
+
 class UpstreamBroken(Exception):
     """A runtime failed mid-way through a chunked non-SSE answer that had already begun.
 
@@ -336,14 +364,15 @@ class ProxyResponse(Response):
             return await _answer_failure(failure, marks, scope, receive, send)
 
         try:
+            ack = _Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
             status = upstream.status_code
             if status < 400 and upstream.headers.get("content-type", "").startswith(
                 "text/event-stream"
             ):
-                return await self._relay_events(upstream, lease, status, headers, send)
+                return await self._relay_events(upstream, ack, lease, status, headers, send)
             if status < 400 and "content-length" not in upstream.headers:
-                return await self._relay_chunks(upstream, lease, status, headers, send)
+                return await self._relay_chunks(upstream, ack, lease, status, headers, send)
             try:
                 async with asyncio.timeout(config.read_timeout):
                     body = await upstream.aread()
@@ -366,6 +395,7 @@ class ProxyResponse(Response):
     async def _relay_events(
         self,
         upstream: httpx.Response,
+        ack: _Acker,
         lease: Lease,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -389,6 +419,7 @@ class ProxyResponse(Response):
                 break
             if chunk is None:
                 break
+            ack()
             if held:
                 chunk = held + chunk
             end = events_end(chunk)
@@ -405,6 +436,7 @@ class ProxyResponse(Response):
     async def _relay_chunks(
         self,
         upstream: httpx.Response,
+        ack: _Acker,
         lease: Lease,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -427,6 +459,7 @@ class ProxyResponse(Response):
                 raise UpstreamBroken(failure) from exc
             if chunk is None:
                 break
+            ack()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return Outcome.OK, None

@@ -958,3 +958,26 @@ def test_random_event_sequences_keep_the_invariants(seed: int) -> None:
             assert count <= 1, rid
         else:
             assert count == 1, (rid, count)
+
+
+def test_restart_requested_stops_when_idle_with_its_reason() -> None:
+    """A maintenance restart waits for the in-flight request, then stops with the reason."""
+    from service.scheduler import RestartRequested
+
+    world = World(rule("a", ON_DEMAND))
+    world.request("r1", "a", at=0.0)
+    world.ready("a", at=1.0)
+    actions = world.send(RestartRequested("a", "maintenance window nightly"), at=2.0)
+    assert not [a for a in actions if isinstance(a, Stop)]  # r1 is still in flight
+    actions = world.finish("r1", at=3.0)
+    stops = [a for a in actions if isinstance(a, Stop)]
+    assert stops and "maintenance window nightly" in stops[-1].reason
+    assert world.sched.service_view("a").state in ("draining", "stopping")
+
+
+def test_restart_requested_ignores_a_stopped_service() -> None:
+    from service.scheduler import RestartRequested
+
+    world = World(rule("a", ON_DEMAND))
+    assert not world.send(RestartRequested("a", "window"), at=1.0)
+    assert world.sched.service_view("a").state == "stopped"

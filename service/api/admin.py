@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from service import __version__
 from service.api.deps import DaemonDep, OrchestratorDep, StoreDep
+from service.api.errors import error_response
+from service.errors import InvalidRequest, PolicyError
+from service.policy import NAME_PATTERN
 from service.store import queries
+from service.units import parse_duration
 
 router = APIRouter()
 
@@ -59,6 +66,122 @@ async def logs(
     tail: Annotated[int, Query(ge=1, le=10000)] = 200,
 ) -> dict[str, Any]:
     return {"service": name, "lines": orchestrator.logs(name, tail)}
+
+
+@router.post("/api/policy", response_model=None)
+async def apply_policy(
+    request: Request,
+    orchestrator: OrchestratorDep,
+    dry_run: bool = False,
+) -> dict[str, Any] | JSONResponse:
+    """Apply a policy (YAML body): 422 with every error and nothing changed if invalid."""
+    body = await request.body()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return error_response(400, "invalid_request", "the policy body must be UTF-8 YAML")
+    try:
+        return orchestrator.apply_policy(text, source="api", dry_run=dry_run)
+    except PolicyError as exc:
+        return policy_error_response(exc)
+
+
+@router.get("/api/policy/history")
+async def policy_history(store: StoreDep) -> dict[str, Any]:
+    with store.session() as session:
+        return {
+            "versions": [
+                {
+                    "version": row.version,
+                    "sha256": row.sha256,
+                    "source": row.source,
+                    "applied_at": row.applied_at,
+                    "active": row.active,
+                }
+                for row in queries.policy_history(session)
+            ]
+        }
+
+
+@router.post("/api/policy/rollback/{version}", response_model=None)
+async def rollback(
+    version: int, store: StoreDep, orchestrator: OrchestratorDep
+) -> dict[str, Any] | JSONResponse:
+    """Apply an earlier version's text again (as a new version)."""
+    with store.session() as session:
+        row = queries.get_policy_version(session, version=version)
+        text = row.text if row is not None else None
+    if text is None:
+        return error_response(404, "not_found", f"no policy version {version}")
+    try:
+        return orchestrator.apply_policy(text, source=f"rollback to version {version}")
+    except PolicyError as exc:  # a version stored by an older vramd may not validate now
+        return policy_error_response(exc)
+
+
+def policy_error_response(exc: PolicyError) -> JSONResponse:
+    count = len(exc.issues)
+    return JSONResponse(
+        {
+            "error": {
+                "message": f"invalid policy ({count} error{'s' if count != 1 else ''}); "
+                "nothing was changed",
+                "type": "invalid_request_error",
+                "code": "invalid_policy",
+            },
+            "errors": [issue.as_dict() for issue in exc.issues],
+        },
+        status_code=422,
+    )
+
+
+@router.get("/api/maintenance")
+async def maintenance(orchestrator: OrchestratorDep) -> dict[str, Any]:
+    return orchestrator.windows_view()
+
+
+@router.post("/api/maintenance/{name}/run")
+async def run_window(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+    return orchestrator.run_window(name)
+
+
+class NewWindow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    start: datetime | Literal["now"] = "now"
+    duration: str | float
+    restart: Literal["flagged", "all", "none"] | list[str] = "flagged"
+    allow: list[str] = []
+
+
+@router.post("/api/maintenance", status_code=201)
+async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str, Any]:
+    """Schedule a one-off window (stored in SQLite; survives restarts)."""
+    try:
+        duration = parse_duration(body.duration)
+    except ValueError as exc:
+        raise InvalidRequest(f"duration: {exc}") from None
+    if duration <= 0:
+        raise InvalidRequest("duration: must be more than 0")
+    if body.start == "now":
+        start_at = time.time()
+    else:
+        start = body.start if body.start.tzinfo else body.start.replace(tzinfo=UTC)
+        start_at = start.timestamp()
+    return orchestrator.add_window(
+        name=body.name,
+        start_at=start_at,
+        duration_s=duration,
+        restart=body.restart,
+        allow=body.allow,
+    )
+
+
+@router.delete("/api/maintenance/{name}", status_code=204)
+async def delete_window(name: str, orchestrator: OrchestratorDep) -> Response:
+    orchestrator.delete_window(name)
+    return Response(status_code=204)
 
 
 @router.get("/api/policy", response_model=None)

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from service.api.auth import require_api_key
@@ -72,7 +73,7 @@ async def list_models(leases: LeasesDep) -> dict[str, Any]:
     return {"object": "list", "data": [_model_entry(entry) for entry in leases.models()]}
 
 
-@router.get("/models/{model}")
+@router.get("/models/{model:path}")  # names such as "org/model" hold slashes
 async def get_model(model: str, leases: LeasesDep) -> dict[str, Any]:
     for entry in leases.models():
         if entry["id"] == model:
@@ -131,11 +132,15 @@ async def read_body(request: Request, limit: int, setting: str) -> bytes:
         raise _too_large(limit, setting)
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, setting)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit, setting)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Nobody will read the answer; this only ends the request quietly.
+        raise InvalidRequest("the client went away before sending the whole body") from None
     return b"".join(chunks)
 
 
@@ -172,8 +177,8 @@ def _json_model(body: bytes) -> tuple[str, ModelRewrite]:
         raise InvalidRequest("'model' is required and must be a non-empty string")
 
     def with_model(name: str) -> bytes:
-        rewritten = {**payload, "model": name}
-        return json.dumps(rewritten, ensure_ascii=False, separators=(",", ":")).encode()
+        # ASCII output: a lone surrogate escaped in the client's JSON cannot become UTF-8.
+        return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
 
     return model, with_model
 

@@ -50,6 +50,7 @@ from service.scheduler.events import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    RestartRequested,
     Tick,
     UnloadRequested,
     WindowChanged,
@@ -132,6 +133,8 @@ class Scheduler:
                 self._on_load(event)
             case UnloadRequested():
                 self._on_unload(event)
+            case RestartRequested():
+                self._on_restart(event)
         run_pass(book)
         return book.out
 
@@ -290,6 +293,13 @@ class Scheduler:
                 current.load_intent = "preload"
             if name in event.restart and current.resident:
                 current.restart_pending = True
+                current.restart_reason = "its command changed"
+
+    def _on_restart(self, event: RestartRequested) -> None:
+        svc = self._book.services.get(event.service)
+        if svc is not None and svc.resident and not svc.removed:
+            svc.restart_pending = True
+            svc.restart_reason = event.reason
 
     def _on_load(self, event: LoadRequested) -> None:
         book = self._book

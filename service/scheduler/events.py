@@ -136,6 +136,15 @@ class UnloadRequested:
     service: str
 
 
+@dataclass(frozen=True, slots=True)
+class RestartRequested:
+    """Restart a resident service at its next idle moment (a maintenance window's
+    restart): no request is cut; a pinned one keeps its memory for its own return."""
+
+    service: str
+    reason: str
+
+
 Event = (
     RequestArrived
     | RequestCancelled
@@ -151,4 +160,5 @@ Event = (
     | LearnedChanged
     | LoadRequested
     | UnloadRequested
+    | RestartRequested
 )

@@ -135,7 +135,7 @@ def _restart(book: Book, svc: ServiceState) -> None:
         # victim, its hold grows to its whole need as it stops, so no lower load takes it.
         svc.plan = Plan(svc.device, svc.expected_peak, frozenset({svc.name}), book.now)
         svc.claimed_by = svc.name
-    book.stop(svc, "restart: its command changed")
+    book.stop(svc, f"restart: {svc.restart_reason or 'requested'}")
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:

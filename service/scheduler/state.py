@@ -79,6 +79,7 @@ class ServiceState:
     load_intent: str | None = None
     operator_unloaded: bool = False
     restart_pending: bool = False
+    restart_reason: str = ""
     removed: bool = False
     error: str | None = None
     # The last wait/refuse note, so a decision that does not change is said once.

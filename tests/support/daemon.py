@@ -103,6 +103,9 @@ class Daemon:
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.client.post(path, **kwargs)
 
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.delete(path, **kwargs)
+
     def service(self, name: str) -> dict[str, Any]:
         response = self.get(f"/api/services/{name}")
         response.raise_for_status()

@@ -1,0 +1,56 @@
+"""Per-runtime knowledge: readiness, metrics, out-of-memory lines, clean exits, sleep.
+
+One module per runtime, each holding one adapter instance; ``base`` defines the
+``Adapter`` Protocol, ``RuntimeMetrics`` and the Prometheus parser they share, and
+``registry`` finds an adapter by name or from a command line::
+
+    base.py             Adapter, BaseAdapter, RuntimeMetrics, parse_prometheus, find_oom
+    llamacpp.py         llama.cpp llama-server            "llama.cpp"
+    llamacpp_python.py  python -m llama_cpp.server        "llama-cpp-python"
+    vllm.py             vllm serve, + sleep/wake helpers  "vllm"
+    whispercpp.py       whisper.cpp whisper-server        "whisper.cpp"
+    sdcpp.py            stable-diffusion.cpp sd-server    "sd.cpp"
+    tei.py              text-embeddings-router            "tei"
+    generic.py          any OpenAI-compatible server      "openai"
+    registry.py         adapter_named, guess_adapter
+
+Adapters do no I/O; the vLLM sleep helpers take the caller's ``httpx.AsyncClient``.
+"""
+
+from service.adapters.base import (
+    Adapter,
+    BaseAdapter,
+    RuntimeMetrics,
+    Sample,
+    find_oom,
+    parse_prometheus,
+    parse_samples,
+)
+from service.adapters.generic import OPENAI
+from service.adapters.llamacpp import LLAMA_CPP
+from service.adapters.llamacpp_python import LLAMA_CPP_PYTHON
+from service.adapters.registry import ADAPTERS, adapter_named, guess_adapter
+from service.adapters.sdcpp import SD_CPP
+from service.adapters.tei import TEI
+from service.adapters.vllm import VLLM
+from service.adapters.whispercpp import WHISPER_CPP
+
+__all__ = [
+    "ADAPTERS",
+    "LLAMA_CPP",
+    "LLAMA_CPP_PYTHON",
+    "OPENAI",
+    "SD_CPP",
+    "TEI",
+    "VLLM",
+    "WHISPER_CPP",
+    "Adapter",
+    "BaseAdapter",
+    "RuntimeMetrics",
+    "Sample",
+    "adapter_named",
+    "find_oom",
+    "guess_adapter",
+    "parse_prometheus",
+    "parse_samples",
+]

@@ -1,0 +1,363 @@
+"""What every runtime adapter provides, and the Prometheus text parser they share.
+
+An adapter is vramd's knowledge of one runtime, kept as data: where to ask whether it is
+ready, where it publishes metrics and what they are called, which log lines mean it ran
+out of memory, and which exit codes after SIGTERM mean it shut down cleanly. Nothing here
+does I/O: the supervisor and the orchestrator fetch health, metrics and logs, and ask the
+adapter what they mean. (The one exception, vLLM's sleep endpoints, lives in ``vllm.py``.)
+
+Runtimes disagree on all four points, which is why they are per-runtime at all:
+
+- readiness: llama-server answers ``/health`` with 503 while it loads the model,
+  llama-cpp-python has no health route (it listens only once the model is loaded, so any
+  answer from ``/v1/models`` means ready), vLLM and TEI bind their port only when ready;
+- metrics: llama.cpp says ``llamacpp:requests_processing``, vLLM says
+  ``vllm:num_requests_running``, and each renamed its KV-cache gauge across releases;
+- out of memory: ggml prints ``cudaMalloc failed: out of memory`` and carries on to a
+  generic "failed to load model", PyTorch raises ``torch.OutOfMemoryError``, vLLM refuses
+  to start with "No available memory for the cache blocks";
+- shutdown: C++ servers exit 0 from their signal handler or die of the signal itself
+  (-15 as Python reports it, 143 through a shell), Python servers may re-raise.
+
+The parser is deliberately forgiving: a scrape that contains one malformed line still
+yields every other sample, because a missing KV-cache figure is better than none at all.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple, Protocol
+
+# Exit statuses after our SIGTERM that are not a crash: the handler's own exit(0), or the
+# default action of the signal (negative as asyncio reports it, 128+15 through a shell).
+SIGTERM_CLEAN_EXITS = frozenset({0, -15, 143})
+
+
+@dataclass(frozen=True)
+class RuntimeMetrics:
+    """What vramd reads from a runtime's metrics page; ``None`` where it does not say.
+
+    ``kv_cache_usage_ratio`` is always 0..1 whatever the runtime's own scale, and the counts
+    are whole requests or tokens. ``raw`` keeps every sample (see ``parse_prometheus``) so
+    an operator can see what the runtime did say when a field is ``None``.
+    """
+
+    kv_cache_usage_ratio: float | None = None
+    kv_cache_tokens: int | None = None
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    raw: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class Adapter(Protocol):
+    """One runtime's behaviour, as the supervisor and the orchestrator need it."""
+
+    @property
+    def name(self) -> str:
+        """The name policies use (``runtime: vllm``) and ``vramd ps`` shows."""
+        ...
+
+    @property
+    def health_path(self) -> str:
+        """The readiness path to poll when the policy does not name one."""
+        ...
+
+    @property
+    def metrics_path(self) -> str | None:
+        """Where the runtime serves Prometheus text by default; ``None``: it does not."""
+        ...
+
+    @property
+    def oom_patterns(self) -> tuple[re.Pattern[str], ...]:
+        """Regexes for its out-of-memory lines, in logs and in 5xx bodies alike."""
+        ...
+
+    @property
+    def clean_exit_codes(self) -> frozenset[int]:
+        """Exit codes after SIGTERM that mean a clean shutdown, not a crash."""
+        ...
+
+    @property
+    def supports_sleep(self) -> bool:
+        """Whether it can release its memory without exiting (vLLM sleep mode)."""
+        ...
+
+    def health_ok(self, status_code: int, body: bytes) -> bool:
+        """Whether one answer from ``health_path`` means ready to serve."""
+        ...
+
+    def parse_metrics(self, text: str) -> RuntimeMetrics:
+        """Prometheus text from ``metrics_path`` → the figures vramd records."""
+        ...
+
+
+@dataclass(frozen=True)
+class BaseAdapter:
+    """Defaults shared by the runtimes: ready on any 2xx, metrics read as-is.
+
+    Each runtime module subclasses it and overrides what its runtime does differently.
+    """
+
+    name: str
+    health_path: str = "/health"
+    metrics_path: str | None = None
+    oom_patterns: tuple[re.Pattern[str], ...] = ()
+    clean_exit_codes: frozenset[int] = SIGTERM_CLEAN_EXITS
+    supports_sleep: bool = False
+
+    def health_ok(self, status_code: int, body: bytes) -> bool:
+        return 200 <= status_code < 300
+
+    def parse_metrics(self, text: str) -> RuntimeMetrics:
+        return RuntimeMetrics(raw=MappingProxyType(parse_prometheus(text)))
+
+
+def find_oom(adapter: Adapter, text: str) -> str | None:
+    """The first line of ``text`` that one of the adapter's OOM patterns matches.
+
+    Returned whole (stripped) so an incident record can quote what the runtime said.
+    """
+    for line in text.splitlines():
+        if any(pattern.search(line) for pattern in adapter.oom_patterns):
+            return line.strip()
+    return None
+
+
+# --- out-of-memory patterns shared by runtimes built on the same libraries -------------
+
+# ggml (llama.cpp, whisper.cpp, stable-diffusion.cpp, and llama-cpp-python through it).
+# A failed allocation prints one of these before the caller's generic "failed to load".
+GGML_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4480.00 MiB on device 3:
+    # cudaMalloc failed: out of memory   (hipMalloc on ROCm, musaMalloc on MUSA)
+    re.compile(r"\b(?:cuda|hip|musa)Malloc\w* failed: out of memory"),
+    # CUDA error: out of memory  / ROCm error: ... (ggml names the backend it was built for)
+    re.compile(r"\b(?:CUDA|ROCm|HIP|MUSA) error: out of memory"),
+    # alloc_tensor_range: failed to allocate CUDA0 buffer of size 151851674624
+    # llama_model_load: error loading model: unable to allocate CUDA0 buffer
+    # ggml_gallocr_reserve_n: failed to allocate CUDA_Host buffer of size ...
+    re.compile(r"\b(?:failed|unable) to allocate [A-Za-z_]+\d* buffer\b"),
+    # graph_reserve: failed to allocate compute buffers
+    # whisper_sched_graph_init: failed to allocate the compute buffer / vae: (sd.cpp)
+    re.compile(r"\bfailed to allocate (?:the )?compute buffers?\b"),
+    # llama_kv_cache_init: failed to allocate buffer for kv cache
+    # whisper_kv_cache_init: failed to allocate memory for the kv cache
+    # whisper_model_load: failed to allocate memory for the model
+    re.compile(r"\bfailed to allocate (?:memory|buffer) for (?:the )?(?:kv cache|model)\b", re.I),
+    # stable-diffusion.cpp: "unet alloc runtime params backend buffer failed"
+    re.compile(r"\balloc (?:\w+ )?params backend buffer failed\b"),
+    # Vulkan and Metal backends
+    re.compile(r"\bErrorOutOf(?:Device|Host)Memory\b"),
+    re.compile(r"\bkIOGPUCommandBufferCallbackErrorOutOfMemory\b"),
+    re.compile(r"\bcudaErrorMemoryAllocation\b|\bCUBLAS_STATUS_ALLOC_FAILED\b"),
+)
+
+# PyTorch (vLLM, TEI's Python backend, most Python TTS and diffusion servers).
+TORCH_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # torch.OutOfMemoryError (2.5+), torch.cuda.OutOfMemoryError (older)
+    re.compile(r"\b(?:torch\.)?(?:cuda\.)?OutOfMemoryError\b"),
+    # "CUDA out of memory. Tried to allocate 2.00 GiB." / ROCm: "HIP out of memory."
+    re.compile(r"\b(?:CUDA|HIP) out of memory\b"),
+    re.compile(r"\b(?:CUDA|HIP) error: out of memory"),
+    re.compile(r"\bCUBLAS_STATUS_ALLOC_FAILED\b"),
+)
+
+# Python's own allocation failure: host memory, which vramd also hands out.
+PYTHON_HOST_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (re.compile(r"^\s*MemoryError\b"),)
+
+
+# --- Prometheus text exposition --------------------------------------------------------
+
+
+class Sample(NamedTuple):
+    """One sample line: metric name, its labels (sorted), and the value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    @property
+    def key(self) -> str:
+        """``name{a="x",b="y"}`` with labels sorted; just ``name`` without labels."""
+        if not self.labels:
+            return self.name
+        inner = ",".join(f'{k}="{_escape(v)}"' for k, v in self.labels)
+        return f"{self.name}{{{inner}}}"
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _parse_labels(line: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int] | None:
+    """Labels starting after the ``{`` at ``pos``; returns them and the index past ``}``."""
+    labels: dict[str, str] = {}
+    end = len(line)
+    while True:
+        while pos < end and line[pos] in " \t":
+            pos += 1
+        if pos < end and line[pos] == "}":
+            return tuple(sorted(labels.items())), pos + 1
+        match = _LABEL_NAME.match(line, pos)
+        if not match:
+            return None
+        key = match.group()
+        pos = match.end()
+        while pos < end and line[pos] in " \t":
+            pos += 1
+        if line[pos : pos + 2] != '="':
+            return None
+        pos += 2
+        chars: list[str] = []
+        while True:
+            if pos >= end:
+                return None
+            char = line[pos]
+            if char == "\\" and pos + 1 < end:
+                chars.append(_UNESCAPE.get(line[pos + 1], "\\" + line[pos + 1]))
+                pos += 2
+            elif char == '"':
+                pos += 1
+                break
+            else:
+                chars.append(char)
+                pos += 1
+        labels[key] = "".join(chars)
+        while pos < end and line[pos] in " \t":
+            pos += 1
+        if pos < end and line[pos] == ",":
+            pos += 1
+        elif pos >= end or line[pos] != "}":
+            return None
+
+
+def _parse_float(token: str) -> float | None:
+    # Python's float() also takes "1_000" and "infinity"; harmless extras for a reader.
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _parse_line(line: str) -> Sample | None:
+    match = _NAME.match(line)
+    if not match:
+        return None
+    name = match.group()
+    pos = match.end()
+    labels: tuple[tuple[str, str], ...] = ()
+    if line[pos : pos + 1] == "{":
+        parsed = _parse_labels(line, pos + 1)
+        if parsed is None:
+            return None
+        labels, pos = parsed
+    rest = line[pos:]
+    if not rest[:1].isspace():
+        return None
+    # value [timestamp] [# exemplar]   (the exemplar is OpenMetrics, after " # ")
+    tokens = rest.split("#", 1)[0].split()
+    if not tokens or len(tokens) > 2:
+        return None
+    value = _parse_float(tokens[0])
+    if value is None or (len(tokens) == 2 and _parse_float(tokens[1]) is None):
+        return None
+    return Sample(name, labels, value)
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """Every well-formed sample in ``text``, in order; a repeated series keeps its last value.
+
+    Comments, ``# HELP``/``# TYPE``/``# EOF`` lines and anything unparsable are skipped.
+    """
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        sample = _parse_line(line)
+        if sample is not None:
+            series.pop((sample.name, sample.labels), None)
+            series[(sample.name, sample.labels)] = sample
+    return list(series.values())
+
+
+def fold(samples: Iterable[Sample]) -> dict[str, float]:
+    """Per metric name the sum over its label sets, plus each labelled series by its key."""
+    out: dict[str, float] = {}
+    totals: dict[str, float] = {}
+    for sample in samples:
+        totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        if sample.labels:
+            out[sample.key] = sample.value
+    out.update(totals)
+    return out
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text → ``{name: sum over label sets, 'name{labels}': value, ...}``.
+
+    Sums follow Prometheus: a NaN in any label set makes the name's sum NaN. Never raises
+    on malformed input; it skips the line.
+    """
+    return fold(parse_samples(text))
+
+
+class MetricSamples:
+    """Lookups over one scrape, for ``parse_metrics``: first metric name present wins.
+
+    Runtimes renamed their metrics across releases, so each lookup takes the known names
+    newest first and uses the first one the scrape contains.
+    """
+
+    def __init__(self, samples: Iterable[Sample]) -> None:
+        self._by_name: dict[str, list[Sample]] = {}
+        for sample in samples:
+            self._by_name.setdefault(sample.name, []).append(sample)
+
+    @classmethod
+    def parse(cls, text: str) -> MetricSamples:
+        return cls(parse_samples(text))
+
+    def series(self, *names: str) -> list[Sample]:
+        """The samples of the first of ``names`` present (finite values only)."""
+        for name in names:
+            found = [s for s in self._by_name.get(name, ()) if math.isfinite(s.value)]
+            if found:
+                return found
+        return []
+
+    def total(self, *names: str) -> float | None:
+        """Sum over label sets (e.g. requests of several engines), or ``None``."""
+        found = self.series(*names)
+        return sum(s.value for s in found) if found else None
+
+    def mean(self, *names: str) -> float | None:
+        """Mean over label sets: for ratios, where a sum over engines would exceed 1."""
+        found = self.series(*names)
+        return sum(s.value for s in found) / len(found) if found else None
+
+    def raw(self) -> Mapping[str, float]:
+        return MappingProxyType(fold(s for group in self._by_name.values() for s in group))
+
+
+def as_ratio(value: float | None) -> float | None:
+    """A 0..1 ratio, clamped; ``None`` for missing or non-finite values."""
+    if value is None or not math.isfinite(value):
+        return None
+    return min(1.0, max(0.0, value))
+
+
+def as_count(value: float | None) -> int | None:
+    """A whole, non-negative count; ``None`` for missing or non-finite values."""
+    if value is None or not math.isfinite(value):
+        return None
+    return max(0, round(value))

@@ -1,0 +1,81 @@
+"""llama.cpp's ``llama-server``.
+
+Readiness: the HTTP server starts before the model is loaded, so the port answers long
+before the runtime can serve. ``GET /health`` says 503
+``{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`` while
+loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
+``{"status":"loading model"}`` / ``{"status":"error"}``, and a few answered 200 with a
+status other than ``ok`` while slots were busy or broken; a 2xx whose JSON ``status`` says
+loading or error is therefore not taken as ready.
+
+Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
+(``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
+``llamacpp:kv_cache_usage_ratio`` and ``llamacpp:kv_cache_tokens`` were removed in
+May 2025 (ggml-org/llama.cpp#13660) as too implementation-specific, so on current builds
+the KV-cache fields are ``None`` and vramd splits the footprint without them.
+
+Shutdown: SIGTERM runs the server's handler, which finishes and returns 0; a second
+signal makes it exit(1) at once, which we only send as SIGKILL anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from service.adapters.base import (
+    GGML_OOM_PATTERNS,
+    BaseAdapter,
+    MetricSamples,
+    RuntimeMetrics,
+    as_count,
+    as_ratio,
+)
+
+# JSON "status" values older builds sent with a 2xx or 5xx that do not mean ready.
+_NOT_READY_STATUS = frozenset({"loading model", "loading", "error", "unavailable"})
+
+
+def ggml_health_ok(status_code: int, body: bytes) -> bool:
+    """2xx, unless the body says the model is still loading (or failed to).
+
+    Shared by the ggml servers (llama-server, whisper-server) that answer ``/health``
+    while loading.
+    """
+    if not 200 <= status_code < 300:
+        return False
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return True  # a 2xx without JSON: nothing says it is not ready
+    if isinstance(payload, dict):
+        if "error" in payload:
+            return False
+        status = payload.get("status")
+        if isinstance(status, str) and status.strip().lower() in _NOT_READY_STATUS:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class LlamaCppAdapter(BaseAdapter):
+    def health_ok(self, status_code: int, body: bytes) -> bool:
+        return ggml_health_ok(status_code, body)
+
+    def parse_metrics(self, text: str) -> RuntimeMetrics:
+        samples = MetricSamples.parse(text)
+        return RuntimeMetrics(
+            kv_cache_usage_ratio=as_ratio(samples.mean("llamacpp:kv_cache_usage_ratio")),
+            kv_cache_tokens=as_count(samples.total("llamacpp:kv_cache_tokens")),
+            requests_running=as_count(samples.total("llamacpp:requests_processing")),
+            requests_waiting=as_count(samples.total("llamacpp:requests_deferred")),
+            raw=samples.raw(),
+        )
+
+
+LLAMA_CPP = LlamaCppAdapter(
+    name="llama.cpp",
+    health_path="/health",
+    metrics_path="/metrics",
+    oom_patterns=GGML_OOM_PATTERNS,
+)

@@ -1,0 +1,25 @@
+"""stable-diffusion.cpp's ``sd-server``.
+
+Readiness: it loads every model (diffusion model, text encoders, VAE) before it binds its
+port and has no ``/health`` route, so the first answer from ``GET /v1/models`` (a fixed
+``sd-cpp-local`` entry) means ready.
+
+Metrics: its ``/metrics`` (behind ``--metrics``) is JSON and demands
+``Accept: application/json``, not Prometheus text, so ``metrics_path`` is ``None``.
+
+Out of memory: the ggml backend lines plus sd.cpp's own
+``<model> alloc params backend buffer failed`` and ``vae: failed to allocate the compute
+buffer`` — the usual failure at large image sizes without ``--vae-tiling``. Generation
+runs per request, so these appear in request logs long after a successful start.
+"""
+
+from __future__ import annotations
+
+from service.adapters.base import GGML_OOM_PATTERNS, BaseAdapter
+
+SD_CPP = BaseAdapter(
+    name="sd.cpp",
+    health_path="/v1/models",
+    metrics_path=None,
+    oom_patterns=GGML_OOM_PATTERNS,
+)

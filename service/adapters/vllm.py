@@ -1,0 +1,152 @@
+"""vLLM's OpenAI-compatible server (``vllm serve``), and its sleep mode.
+
+Readiness: the API server binds its port only after the engine has loaded the model,
+profiled memory and allocated the KV cache; ``GET /health`` then answers 200 (503 once the
+engine has died).
+
+Metrics: Prometheus text at ``/metrics``, labelled by ``model_name`` (and ``engine`` with
+data parallelism). KV-cache use was ``vllm:gpu_cache_usage_perc`` and is
+``vllm:kv_cache_usage_perc`` since the V1 engine's metrics rework (the old name is hidden
+from 0.11 on); both are 0..1 despite the "perc". Several engines each report their own
+cache, so usage is their mean; requests are summed. There is no token gauge, but
+``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels, and
+usage * blocks * block size approximates the tokens held (rounded up to whole blocks).
+
+Out of memory: the PyTorch errors at request time, and three refusals at start that all
+mean "the memory this configuration needs is not there": "No available memory for the
+cache blocks", "Free memory on device (…) on startup is less than desired GPU memory
+utilization", and the KV cache being too small for ``max_model_len``.
+
+Sleep mode: with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` the server can
+offload its weights to host memory and drop its KV cache (level 1) or drop both (level 2)
+without exiting, then wake in a fraction of a load's time. Without dev mode the routes
+do not exist (404); the helpers below then return ``False``/``None`` and the caller stops
+the instance instead.
+
+Shutdown: uvicorn exits 0 on SIGTERM; during start-up vLLM turns SIGTERM into a
+KeyboardInterrupt, which can end in -2/130 as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from service.adapters.base import (
+    SIGTERM_CLEAN_EXITS,
+    TORCH_OOM_PATTERNS,
+    BaseAdapter,
+    MetricSamples,
+    RuntimeMetrics,
+    as_count,
+    as_ratio,
+)
+
+log = logging.getLogger("vramd.adapters.vllm")
+
+VLLM_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
+    *TORCH_OOM_PATTERNS,
+    re.compile(r"No available memory for the cache blocks"),
+    re.compile(r"Free memory on device .*less than desired GPU memory utilization"),
+    re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
+    # V0 wording of the same refusal
+    re.compile(r"larger than the maximum number of tokens that can be stored in KV cache"),
+)
+
+# Newest name first: the first one a scrape contains is used.
+KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def _kv_cache_tokens(samples: MetricSamples, usage: float | None) -> int | None:
+    """usage * num_gpu_blocks * block_size, from ``vllm:cache_config_info``'s labels."""
+    if usage is None:
+        return None
+    capacity = 0
+    for sample in samples.series("vllm:cache_config_info"):
+        labels = dict(sample.labels)
+        try:
+            capacity += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):
+            return None
+    return math.ceil(usage * capacity) if capacity else None
+
+
+@dataclass(frozen=True)
+class VllmAdapter(BaseAdapter):
+    def parse_metrics(self, text: str) -> RuntimeMetrics:
+        samples = MetricSamples.parse(text)
+        usage = as_ratio(samples.mean(*KV_USAGE_NAMES))
+        return RuntimeMetrics(
+            kv_cache_usage_ratio=usage,
+            kv_cache_tokens=_kv_cache_tokens(samples, usage),
+            requests_running=as_count(samples.total("vllm:num_requests_running")),
+            requests_waiting=as_count(samples.total("vllm:num_requests_waiting")),
+            raw=samples.raw(),
+        )
+
+
+VLLM = VllmAdapter(
+    name="vllm",
+    health_path="/health",
+    metrics_path="/metrics",
+    oom_patterns=VLLM_OOM_PATTERNS,
+    clean_exit_codes=SIGTERM_CLEAN_EXITS | {-2, 130},
+    supports_sleep=True,
+)
+
+
+# --- sleep mode ------------------------------------------------------------------------
+# ``client`` is the instance's own client, its base_url the runtime's root
+# (http://127.0.0.1:PORT). Errors are logged and answered False/None, never raised: every
+# caller has a fallback (stop the instance), and a failed sleep must not fail an eviction.
+
+
+async def _post(client: httpx.AsyncClient, path: str, params: httpx.QueryParams) -> bool:
+    try:
+        response = await client.post(path, params=params)
+    except httpx.HTTPError as exc:
+        log.warning("vLLM %s failed: %s", path, exc)
+        return False
+    if not response.is_success:
+        log.warning("vLLM %s answered %d", path, response.status_code)
+        return False
+    return True
+
+
+async def sleep(client: httpx.AsyncClient, *, level: int = 1) -> bool:
+    """``POST /sleep?level=N``: level 1 offloads weights to host memory, 2 discards them.
+
+    True once the server says it is asleep. Sleeping takes seconds (weights are copied out),
+    so the client's timeout must allow for that.
+    """
+    if level not in (1, 2):
+        raise ValueError(f"vLLM sleep level must be 1 or 2, not {level}")
+    return await _post(client, "/sleep", httpx.QueryParams({"level": str(level)}))
+
+
+async def wake_up(client: httpx.AsyncClient, *, tags: Sequence[str] = ()) -> bool:
+    """``POST /wake_up``; ``tags`` (``weights``, ``kv_cache``) wakes only those parts."""
+    params = httpx.QueryParams([("tags", tag) for tag in tags])
+    return await _post(client, "/wake_up", params)
+
+
+async def is_sleeping(client: httpx.AsyncClient) -> bool | None:
+    """``GET /is_sleeping`` → ``{"is_sleeping": bool}``; ``None`` when it cannot say."""
+    try:
+        response = await client.get("/is_sleeping")
+    except httpx.HTTPError as exc:
+        log.warning("vLLM /is_sleeping failed: %s", exc)
+        return None
+    if not response.is_success:
+        return None
+    try:
+        payload = response.json()
+    except ValueError:
+        return None
+    value = payload.get("is_sleeping") if isinstance(payload, dict) else None
+    return value if isinstance(value, bool) else None
