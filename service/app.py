@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import signal
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 

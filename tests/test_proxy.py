@@ -240,6 +240,15 @@ async def test_rewrites_the_model_when_the_service_names_an_upstream_model(
     assert response.headers["x-vramd-service"] == "renamed"
     sent = json.loads(harness.seen[0].content)
     assert sent == chat("org/real-model.gguf", temperature=0.5, note="café")
+    # A lone surrogate survives the re-encoding.
+    body = b'{"model": "nice-name", "messages": [], "x": "\\ud800"}'
+    response = await harness.post(content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200
+    assert json.loads(harness.seen[1].content) == {
+        "model": "org/real-model.gguf",
+        "messages": [],
+        "x": "\ud800",
+    }
 
 
 async def test_passes_upstream_errors_through_and_reports_them(harness: Harness) -> None:
@@ -711,6 +720,15 @@ async def test_a_client_hanging_up_before_the_first_byte_cancels_the_upstream_re
     assert harness.leases.outcome.outcome == "client_gone"
 
 
+async def test_a_client_hanging_up_mid_upload_ends_quietly(harness: Harness) -> None:
+    client = Client(b"")
+    client._sent_body = True  # the first receive is already the hang-up
+    client.gone.set()
+    await asyncio.wait_for(client.call(harness.app), timeout=5)
+    assert client.messages[0]["status"] == 400
+    assert harness.seen == []
+
+
 # --- /v1/models -----------------------------------------------------------------------------
 
 
@@ -730,6 +748,8 @@ async def test_lists_every_model(harness: Harness) -> None:
     }
     response = await harness.client.get("/v1/models/whisper")
     assert response.json()["service"] == "speech"
+    response = await harness.client.get("/v1/models/org/x")
+    assert error_of(response)["code"] == "model_not_found"
     response = await harness.client.get("/v1/models/nope")
     assert response.status_code == 404
     assert error_of(response)["code"] == "model_not_found"
