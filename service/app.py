@@ -18,7 +18,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import admin
+from service.api import admin, openai
+from service.api.auth import AuthConfig, install_auth
 from service.api.deps import Daemon
 from service.api.errors import install_error_handlers
 from service.clock import Clock, SystemClock
@@ -27,11 +28,18 @@ from service.errors import VramdError
 from service.orchestrator import Orchestrator
 from service.policy import Policy, load_policy
 from service.policy_records import persist_policy
+from service.proxy import ProxyConfig
 from service.settings import Settings, server_address
 from service.store import open_store
 from service.supervisor import ProcessLauncher
 
 log = logging.getLogger("vramd")
+
+
+def _use_server_settings(app: FastAPI, policy: Policy) -> None:
+    """Keys and body limits from the active policy (again after every apply)."""
+    app.state.auth = AuthConfig.from_server(policy.server)
+    app.state.proxy = ProxyConfig.from_server(policy.server)
 
 
 def _on_sighup(handler: Callable[[], None]) -> Callable[[], None]:
@@ -84,6 +92,8 @@ def create_app(
             log.error("vramd cannot start: %s", exc)
             raise
         app.state.daemon = daemon
+        _use_server_settings(app, daemon.orchestrator.policy)
+        daemon.orchestrator.policy_listeners.append(lambda p: _use_server_settings(app, p))
         hangup = _on_sighup(daemon.orchestrator.reload_policy_file)
         try:
             yield
@@ -99,7 +109,10 @@ def create_app(
         redoc_url=None,
     )
     install_error_handlers(app)
+    install_auth(app)
+    app.include_router(admin.health_router)
     app.include_router(admin.router)
+    app.include_router(openai.router)
     return app
 
 

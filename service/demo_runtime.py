@@ -608,6 +608,9 @@ class Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 so pooled clients can reuse connections; every reply sets Content-Length
     # or uses chunked encoding.
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as separate writes; without TCP_NODELAY a client that
+    # delays its ACK stalls ~40 ms per response (Nagle), which no real server does.
+    disable_nagle_algorithm = True
     server_version = "demo-runtime/1"
     server: DemoServer
 

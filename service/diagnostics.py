@@ -5,23 +5,30 @@ sampler and the supervisor feed them samples and log lines and turn verdicts int
 
 Why these rules:
 
-- **Creep is judged per request, with Theil–Sen.** A leak or an unbounded cache grows
-  with work done, not with time, so the slope is bytes against requests served. Theil–Sen
+- **Creep is judged per request, with Theil-Sen.** A leak or an unbounded cache grows
+  with work done, not with time, so the slope is bytes against requests served. Theil-Sen
   (the median of all pairwise slopes) shrugs off up to ~29% wild samples: a transient
   spike from one huge request, or a probe glitch, moves a least-squares slope a lot and
   the median of slopes hardly at all.
 - **Creep needs new highs.** A slope over a window that still holds the end of a warm-up,
   or a leak that has stopped, stays positive for a while after the growth is over. What
-  tells "still growing" from "grew and stopped" is whether the recent part of the window
-  reaches above everything before it. A warm-up plateau, a leak that stopped and a
-  garbage-collected sawtooth (rises, then drops back) all fail that test. The new high
-  must clear the window's own jitter (the median distance of the samples from the fitted
-  line), so noise around a freshly reached plateau does not count as a new high.
+  tells "still growing" from "grew and stopped" is whether the last part of the window
+  reaches above every earlier sample since ready (not only the earlier part of the
+  window: a garbage-collected sawtooth whose period is longer than the window never
+  climbs above its own earlier peaks). A warm-up plateau, a leak that stopped and a
+  sawtooth (rises, then drops back) all fail that test; a leak that stopped is flagged
+  until its last rise leaves the recent part of the window, then no longer. Two recent
+  samples must clear the earlier high (one is a sawtooth's peak or one big request's
+  spike), by more than twice the sample-to-sample jitter (estimated from successive
+  differences, so a steady rise or one step does not inflate it): noise around a plateau
+  reached late in the window is not a new high.
 - **Creep is only judged after warm-up.** Samples from before the instance served
   ``min_requests`` requests and was ``min_age_s`` old never enter the window: loading
-  caches, compiling kernels and sizing pools is expected growth, not a leak. A warm-up
-  that is still rising after that gate looks like a leak until it flattens; the gate is
-  the knob for runtimes that warm up slowly.
+  caches, compiling kernels and sizing pools is expected growth, not a leak. Nor is it
+  judged on fewer than ``min_samples`` post-warm-up samples: over a handful of samples
+  the pairwise slopes are mostly jitter. A warm-up that is still rising after that gate,
+  or a sawtooth whose first rise outlasts it, looks like a leak until it flattens; the
+  gate is the knob for runtimes that warm up slowly.
 - **Free memory above recent growth means fragmentation.** If the runtime says out of
   memory while its device has more free than the instance grew in the last minute (and
   more than the failing request needed, when known), the device as a whole had room for
@@ -34,6 +41,8 @@ Why these rules:
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -46,9 +55,14 @@ from service.units import format_duration, format_size
 OomKind = Literal["fragmented", "capacity"]
 RetryDiagnosis = Literal["fragmentation", "capacity"]
 
-# Above this many points Theil–Sen uses an evenly spaced subset, so a caller that passes
+# Above this many points Theil-Sen uses an evenly spaced subset, so a caller that passes
 # a day of samples costs ~20k slopes rather than millions.
 THEIL_SEN_MAX_POINTS = 200
+
+# A new high must clear the earlier high by this many standard deviations of the
+# sample-to-sample jitter: at 2, jitter around a plateau reached late in the window almost
+# never passes, while a leak of 1MiB per request under +-5MB of noise still does.
+NEW_HIGH_JITTERS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +71,9 @@ class Sample:
 
     t: float  # seconds, any origin shared with ``ready_at``
     bytes: int
-    requests: int  # requests served so far by this instance (it serves none before ready)
+    # Requests served so far by this instance. It serves none before it is ready, so this
+    # is also the count since ready.
+    requests: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +81,7 @@ class CreepConfig:
     min_requests: int = 20  # warm-up: at least this many requests served...
     min_age_s: float = 60.0  # ...and this long since ready
     window: int = 120  # the most recent post-warm-up samples considered
-    min_slope_bytes_per_request: float = 256 * 1024  # Theil–Sen slope must exceed this
+    min_slope_bytes_per_request: float = 256 * 1024  # Theil-Sen slope must exceed this
     min_growth_bytes: int = 32 * 1024**2  # first-to-last rise over the window must exceed this
     new_high_fraction: float = 0.2  # the last 20% of the window must reach a new high
     min_samples: int = 30  # fewer post-warm-up samples than this: not judged yet
@@ -103,14 +119,6 @@ def theil_sen_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return statistics.median(slopes) if slopes else None
 
 
-import os
-JITTER_K = float(os.environ.get("JK", "3"))
-def _jitter(ys: list[int]) -> float:
-    steps = [b - a for a, b in zip(ys, ys[1:])]
-    mid = statistics.median(steps)
-    return 1.4826 * statistics.median(abs(d - mid) for d in steps) / 2**0.5
-
-
 def _spread(n: int, most: int) -> list[int]:
     if n <= most:
         return list(range(n))
@@ -122,7 +130,7 @@ def detect_creep(
 ) -> CreepVerdict:
     """Is this instance's footprint still rising with requests served, after warm-up?
 
-    The latest sample's ``t`` is "now". Creeping needs all three: a Theil–Sen slope of
+    The latest sample's ``t`` is "now". Creeping needs all three: a Theil-Sen slope of
     bytes per request above ``min_slope_bytes_per_request``, a first-to-last rise over
     the window above ``min_growth_bytes``, and a new high in the last
     ``new_high_fraction`` of the window.
@@ -146,12 +154,10 @@ def detect_creep(
         if s.requests >= config.min_requests and s.t - ready_at >= config.min_age_s
     )
     window = series[start:][-config.window :]
-    if len(window) < config.min_samples:
+    enough = min(config.min_samples, config.window)
+    if len(window) < enough:
         return CreepVerdict(
-            False,
-            None,
-            0,
-            f"too few samples after warm-up to judge: {len(window)} of {config.min_samples}",
+            False, None, 0, f"too few samples after warm-up to judge: {len(window)} of {enough}"
         )
     xs = [s.requests for s in window]
     ys = [s.bytes for s in window]
@@ -167,15 +173,17 @@ def detect_creep(
 
     served = xs[-1] - xs[0]
     split = max(1, min(len(window) - 1, round(len(window) * config.new_high_fraction)))
-    recent_high = max(ys[-split:])
+    # The second-highest recent sample: one sample on top (a GC sawtooth's peak, a spike
+    # from one big request) is not "making new highs".
+    recent_high = sorted(ys[-split:])[-min(2, split)]
     # Everything before the recent part, warm-up included: a sawtooth whose period is
     # longer than the window never climbs above its own earlier peaks.
     earlier_high = max(s.bytes for s in series[: len(series) - split])
-    new_high = recent_high - earlier_high > JITTER_K * _jitter(ys)
+    new_high = recent_high - earlier_high > NEW_HIGH_JITTERS * _jitter(ys)
     steep = slope > config.min_slope_bytes_per_request
     grew = growth > config.min_growth_bytes
 
-    rate = f"{format_size(slope)} per request, Theil–Sen"
+    rate = f"{format_size(slope)} per request, Theil-Sen"
     if steep and grew and new_high:
         return CreepVerdict(
             True,
@@ -201,6 +209,14 @@ def detect_creep(
             f"({rate}), under the {format_size(config.min_growth_bytes)} threshold"
         )
     return CreepVerdict(False, slope, growth, why)
+
+
+def _jitter(ys: Sequence[int]) -> float:
+    """Standard deviation of sample-to-sample noise, from the median absolute deviation
+    of successive differences: a steady rise, one step or a slow curve hardly moves it."""
+    steps = [b - a for a, b in itertools.pairwise(ys)]
+    typical = statistics.median(steps)
+    return 1.4826 * statistics.median(abs(d - typical) for d in steps) / math.sqrt(2)
 
 
 # --- out of memory ------------------------------------------------------------------------
@@ -250,7 +266,8 @@ OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     # "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB ... failed"
     _p(r"(?:failed|unable) to allocate"),
     _p(r"\ballocating\b.*\bfailed\b"),
-    _p(r"\bcan(?:not|'t) allocate memory\b"),  # ENOMEM, DefaultCPUAllocator
+    _p(r"\bcan(?:not|'t) allocate memory\b"),  # ENOMEM
+    _p(r"\bnot enough memory\b"),  # PyTorch's DefaultCPUAllocator, Windows
     _p(r"\binsufficient memory\b"),  # Metal command buffer errors
     _p(r"\bstd::bad_alloc\b"),
     re.compile(r"\bMemoryError\b"),  # Python's host-memory exception, case as spelled
@@ -305,7 +322,9 @@ def diagnose_oom(
         recent_growth_bytes=growth,
         request_need_bytes=request_need_bytes,
     )
-    need = "" if request_need_bytes is None else f", request needed {format_size(request_need_bytes)}"
+    need = ""
+    if request_need_bytes is not None:
+        need = f", request needed {format_size(request_need_bytes)}"
     figures = (
         f"device had {format_size(device.free_bytes)} free, instance grew "
         f"{format_size(growth)} in the last {format_duration(horizon_s)}{need}"
@@ -348,4 +367,3 @@ class CapWatch:
             return False
         self.streak += 1
         return self.streak == self.needed
-

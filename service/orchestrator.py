@@ -19,6 +19,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,8 @@ class Orchestrator:
         self._loops = TaskGroup()
         self._closing = False
         self.sampler = Sampler(self, probe=probe, store=store, clock=clock)
+        # Called with each newly installed policy (the app refreshes keys and limits).
+        self.policy_listeners: list[Callable[[Policy], None]] = []
         self.maintenance = Maintenance(
             clock=clock, on_open=self._window_opened, on_close=self._window_closed
         )
@@ -475,6 +478,8 @@ class Orchestrator:
 
     def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
         self.policy = policy
+        for listener in self.policy_listeners:
+            listener(policy)
         for name in added:
             self.runtimes[name] = self._new_runtime(name)
         for name, rt in list(self.runtimes.items()):
@@ -711,6 +716,9 @@ class Orchestrator:
             # The client went away. Withdraw the request; a load others wait for goes on.
             if self._waiters.pop(request_id, None) is not None:
                 self.feed(RequestCancelled(request_id))
+            elif future.done() and not future.cancelled() and future.exception() is None:
+                # Granted, but cancelled before the caller saw the lease: give it back.
+                self.feed(RequestFinished(request_id))
             raise
 
     def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:

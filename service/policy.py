@@ -8,6 +8,8 @@ naming its key path and line: ``services.chat.memory.cap (line 14, col 12): ...`
 Extensions to the contract (the contract's form keeps working):
 - ``server.max_json_body`` / ``server.max_upload_body``: the request body limits of
   DESIGN section 9 (defaults 4MiB and 64MiB).
+- ``server.request_timeout`` (10m) / ``server.stream_idle_timeout`` (5m): when a runtime
+  that accepted a request but does not answer gets a 504 ``runtime_timeout``.
 - ``defaults`` also accepts ``restart``, ``priority``, ``health``, ``env`` and ``gpus``.
 - ``${PYTHON}``: the interpreter running vramd, so a policy can start Python runtimes
   (such as the demo runtime) from the daemon's own virtual environment.
@@ -86,6 +88,10 @@ class ServerConfig(_Strict):
     admin_keys: list[Annotated[StrictStr, Field(min_length=8)]] = []
     max_json_body: Size = 4 * 1024**2
     max_upload_body: Size = 64 * 1024**2
+    # How long a runtime may take to start answering a request (504 runtime_timeout
+    # after), and the longest silence allowed once a (streamed) answer has started.
+    request_timeout: Annotated[Duration, Field(gt=0)] = 600.0
+    stream_idle_timeout: Annotated[Duration, Field(gt=0)] = 300.0
 
 
 class DeviceConfig(_Strict):

@@ -171,10 +171,15 @@ class ProxyConfig:
     @classmethod
     def from_server(cls, server: ServerConfig, **timeouts: float) -> ProxyConfig:
         """The policy's ``server.max_json_body`` / ``max_upload_body``, plus timeouts."""
+        settings: dict[str, float] = {
+            "first_byte_timeout": server.request_timeout,
+            "read_timeout": server.stream_idle_timeout,
+            **timeouts,
+        }
         return cls(
             max_json_body=server.max_json_body,
             max_upload_body=server.max_upload_body,
-            **timeouts,
+            **settings,
         )
 
 
@@ -195,9 +200,9 @@ class ClientRequest:
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        (name, value) for name in FORWARDED_REQUEST_HEADERS if (value := headers.get(name))
-    )
+    # identity: compressing on loopback only costs the runtime and the proxy CPU.
+    kept = [(name, value) for name in FORWARDED_REQUEST_HEADERS if (value := headers.get(name))]
+    return (*kept, ("accept-encoding", "identity"))
 
 
 def new_request_id() -> str:

@@ -226,6 +226,7 @@ async def test_forwards_the_clients_bytes_untouched_and_marks_the_response(
     assert sent.content == body
     assert sent.headers["content-type"] == "application/json"
     assert sent.headers["accept"] == "application/json"
+    assert sent.headers["accept-encoding"] == "identity"
     assert "authorization" not in sent.headers
     assert "cookie" not in sent.headers
     assert sent.headers["host"] == "runtime.test"

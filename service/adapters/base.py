@@ -50,7 +50,7 @@ class RuntimeMetrics:
     kv_cache_tokens: int | None = None
     requests_running: int | None = None
     requests_waiting: int | None = None
-    raw: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    raw: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
 
 class Adapter(Protocol):
@@ -214,9 +214,14 @@ def _parse_labels(line: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int
         pos = match.end()
         while pos < end and line[pos] in " \t":
             pos += 1
-        if line[pos : pos + 2] != '="':
+        if line[pos : pos + 1] != "=":
             return None
-        pos += 2
+        pos += 1
+        while pos < end and line[pos] in " \t":
+            pos += 1
+        if line[pos : pos + 1] != '"':
+            return None
+        pos += 1
         chars: list[str] = []
         while True:
             if pos >= end:

@@ -4,9 +4,9 @@ Readiness: the HTTP server starts before the model is loaded, so the port answer
 before the runtime can serve. ``GET /health`` says 503
 ``{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`` while
 loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
-``{"status":"loading model"}`` / ``{"status":"error"}``, and a few answered 200 with a
-status other than ``ok`` while slots were busy or broken; a 2xx whose JSON ``status`` says
-loading or error is therefore not taken as ready.
+``{"status":"loading model"}`` / ``{"status":"error"}`` instead. The status code is what
+decides, but as a guard against builds and proxies that get it wrong, a 2xx whose JSON
+carries an ``error`` object or a loading/error ``status`` is not taken as ready either.
 
 Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
 (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.

@@ -6,11 +6,12 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from service import __version__
+from service.api.auth import require_admin_key
 from service.api.deps import DaemonDep, OrchestratorDep, StoreDep
 from service.api.errors import error_response
 from service.errors import InvalidRequest, PolicyError
@@ -18,10 +19,13 @@ from service.policy import NAME_PATTERN
 from service.store import queries
 from service.units import parse_duration
 
-router = APIRouter()
+# /healthz stays open (load balancers, systemd, Docker health checks); /api needs the
+# admin key when the policy sets admin_keys.
+health_router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_admin_key)])
 
 
-@router.get("/healthz")
+@health_router.get("/healthz")
 async def healthz(daemon: DaemonDep) -> JSONResponse:
     """200 while the daemon is serving; 503 when its own liveness check fails."""
     health = daemon.orchestrator.health()

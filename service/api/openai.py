@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from service.api.auth import require_api_key
+from service.api.deps import get_orchestrator
 from service.domain import ROUTES_BY_KIND, ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
 from service.proxy import (
@@ -50,7 +51,8 @@ UPLOAD_ROUTES = frozenset(
 
 # Async so that FastAPI resolves them on the event loop, not in its thread pool.
 async def get_leases(request: Request) -> LeaseProvider:
-    leases: LeaseProvider = request.app.state.daemon.orchestrator
+    # Typed through get_orchestrator, so mypy proves the orchestrator is a LeaseProvider.
+    leases: LeaseProvider = get_orchestrator(request)
     return leases
 
 

@@ -78,8 +78,20 @@ def may_evict(evictor: ServiceRule, victim: Resident, *, ignore_protection: bool
     return allowed
 
 
-# (busy count, priorities high to low, reload s per byte, recencies new to old, names)
-SetKey = tuple[int, tuple[int, ...], float, tuple[float, ...], tuple[str, ...]]
+# (busy count, priorities high to low, reload cost class, recencies new to old, names)
+SetKey = tuple[int, tuple[int, ...], int, tuple[float, ...], tuple[str, ...]]
+
+
+def reload_cost_class(reload_s: float, freed: int) -> int:
+    """Reload seconds per byte freed, in classes a factor of two apart.
+
+    Measured load times jitter by tens of milliseconds; comparing them raw would let
+    noise, not recency, pick between two identical services. Only a reload at least
+    about twice as cheap per byte wins; within a class, least-recently-used decides.
+    """
+    if reload_s <= 0 or freed <= 0:
+        return -(2**31)
+    return math.floor(math.log2(reload_s / freed))
 
 
 def set_key(victims: Sequence[Resident]) -> SetKey:
@@ -89,7 +101,7 @@ def set_key(victims: Sequence[Resident]) -> SetKey:
     return (
         sum(1 for v in victims if v.busy),
         tuple(sorted((v.priority for v in victims), reverse=True)),
-        reload_s / freed if freed > 0 else 0.0,
+        reload_cost_class(reload_s, freed),
         tuple(sorted((_recency(v) for v in victims), reverse=True)),
         tuple(sorted(v.name for v in victims)),
     )
