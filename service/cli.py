@@ -173,5 +173,7 @@ def main() -> None:
         sys.exit(130)
 
 
+from service import cli_client  # noqa: E402,F401  (registers client commands)
+
 if __name__ == "__main__":
     main()

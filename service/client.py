@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import httpx
 
@@ -28,7 +28,8 @@ import httpx
 SLOW_TIMEOUT = httpx.Timeout(5.0, read=3600.0)
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, read=60.0)
 
-WindowRestart = Literal["flagged", "all", "none"] | list[str]
+# "flagged", "all", "none" or service names; the daemon checks which.
+WindowRestart = str | list[str]
 
 
 class ClientError(Exception):

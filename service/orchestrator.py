@@ -25,8 +25,10 @@ from typing import Any
 
 import httpx
 
+from service.adapters import find_oom
 from service.clock import Clock
 from service.devices import DeviceProbe
+from service.doctor import Doctor
 from service.domain import ROUTES_BY_KIND, InstanceState, ProbeReading
 from service.errors import (
     InsufficientCapacity,
@@ -146,6 +148,16 @@ class Orchestrator:
         self.sampler = Sampler(self, probe=probe, store=store, clock=clock)
         # Called with each newly installed policy (the app refreshes keys and limits).
         self.policy_listeners: list[Callable[[Policy], None]] = []
+        self.doctor = Doctor(
+            store=store,
+            events=self.events,
+            clock=clock,
+            settings=settings,
+            sampler=self.sampler,
+            runtimes=lambda: self.runtimes,
+            feed=self.feed,
+            nvml=probe.backend == "nvml",
+        )
         self.maintenance = Maintenance(
             clock=clock, on_open=self._window_opened, on_close=self._window_closed
         )
@@ -424,11 +436,17 @@ class Orchestrator:
                     data={"flags": sorted(cleared)},
                 )
             rt.open_client(inst.port)
+            rt.watch = self.doctor.new_watch(rt)
+            if rt.oom_incident is not None:
+                self.doctor.verdict(rt, retry_succeeded=True)
             rt.last_load_s = inst.load_s
             self.sampler.record_ready(rt)
             self.feed(InstanceReady(rt.name))
         elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
+            rt.watch = None
             self.sampler.record_exit(rt, reason)
+            if old is S.STARTING and new is not S.STOPPED:
+                self.doctor.load_failed(rt, inst.last_error or reason, retrying=new is S.BACKOFF)
             if new is S.BACKOFF:
                 self._tasks.spawn(rt.close_client(), f"close {rt.name}")
                 self.feed(InstanceBackoff(rt.name, inst.last_error or reason))
@@ -701,10 +719,22 @@ class Orchestrator:
             raise InvalidRequest(f"model {model!r} is a {kind} model and does not serve {route}")
         return name
 
-    async def acquire(self, service: str, *, request_id: str | None = None) -> Lease:
-        """Wait for a slot on a ready instance of ``service`` (loading it if needed)."""
+    async def acquire(
+        self,
+        service: str,
+        *,
+        request_id: str | None = None,
+        request_info: dict[str, Any] | None = None,
+    ) -> Lease:
+        """Wait for a slot on a ready instance of ``service`` (loading it if needed).
+
+        ``request_info`` (body size, max_tokens, prompt length, image size) is kept for
+        incident records: what the service was asked just before it ran out of memory.
+        """
         request_id = request_id or uuid.uuid4().hex
         rt = self.runtimes[service]
+        if request_info is not None:
+            rt.recent_requests.append({"ts": self._clock.now(), **request_info})
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = _Waiter(
             future, service, self._clock.monotonic(), cold=rt.instance.state is not S.READY
@@ -726,6 +756,10 @@ class Orchestrator:
         if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):
             rt.counters["requests_served"] += 1
         self.feed(RequestFinished(lease.request_id))
+        if rt is not None and error and outcome == "upstream_error":
+            quoted = find_oom(rt.adapter, error)
+            if quoted:
+                self.doctor.runtime_oom(rt, quoted, source="response")
 
     def models(self) -> list[dict[str, Any]]:
         out = []
@@ -790,7 +824,27 @@ class Orchestrator:
 
     def service_view(self, name: str) -> dict[str, Any]:
         rt = self.runtime(name)
-        return service_view(rt, self._scheduler.service_view(name, self._clock.monotonic()))
+        view = service_view(rt, self._scheduler.service_view(name, self._clock.monotonic()))
+        view["memory"] = self.memory_view(name)
+        return view
+
+    def memory_view(self, name: str) -> dict[str, Any]:
+        """Estimate, learned peak and cap side by side, and the footprint's parts."""
+        rt = self.runtime(name)
+        watch = rt.watch
+        metrics = watch.metrics if watch else None
+        return {
+            "estimate_bytes": rt.spec.memory.estimate,
+            "learned_peak_bytes": rt.learned_peak,
+            "cap_bytes": rt.spec.memory.cap,
+            "footprint_bytes": rt.footprint,
+            "host_bytes": rt.host_bytes,
+            "weights_bytes": watch.weights_bytes if watch else None,
+            "growth_bytes": watch.growth_bytes() if watch else None,
+            "kv_cache_usage_ratio": metrics.kv_cache_usage_ratio if metrics else None,
+            "kv_cache_tokens": metrics.kv_cache_tokens if metrics else None,
+            "runtime_requests_running": metrics.requests_running if metrics else None,
+        }
 
     def services_view(self) -> list[dict[str, Any]]:
         return [self.service_view(name) for name in self.runtimes]

@@ -152,6 +152,10 @@ class Service(_Strict):
     health: StrictStr = "/health"
     metrics: StrictStr | None = None
     upstream_model: StrictStr | None = None
+    # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
+    # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
+    # sd.cpp, tei, openai.
+    adapter: StrictStr | None = None
     memory: MemoryConfig
     residency: Residency = Residency.ON_DEMAND
     preload: StrictBool = False
@@ -164,6 +168,15 @@ class Service(_Strict):
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0
     restart: RestartConfig = RestartConfig()
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, value: str | None) -> str | None:
+        if value is not None:
+            from service.adapters import adapter_named
+
+            adapter_named(value)  # ValueError naming the known runtimes
+        return value
 
     @field_validator("health", "metrics")
     @classmethod

@@ -116,7 +116,9 @@ class LeaseProvider(Protocol):
         """
         ...
 
-    async def acquire(self, service: str, *, request_id: str) -> Lease:
+    async def acquire(
+        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+    ) -> Lease:
         """Wait for a slot at a ready instance (queueing, loading as needed).
 
         Raises ``RequestRejected`` subclasses (QueueFull, InsufficientCapacity, ...). If
@@ -192,6 +194,8 @@ class ClientRequest:
     headers: tuple[tuple[str, str], ...]  # the subset in FORWARDED_REQUEST_HEADERS
     model: str
     with_model: Callable[[str], bytes]  # the body with its model replaced
+    # Size, max_tokens, prompt length, image size: kept by the orchestrator for incidents.
+    shape: Mapping[str, Any] = field(default_factory=dict)
 
     def body_for(self, upstream_model: str | None) -> bytes:
         if upstream_model is None or upstream_model == self.model:
@@ -319,7 +323,9 @@ class ProxyResponse(Response):
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            lease = await self._leases.acquire(self._service, request_id=self._request_id)
+            lease = await self._leases.acquire(
+                self._service, request_id=self._request_id, request_info=dict(self._request.shape)
+            )
         except RequestRejected as exc:
             reply = rejection_response(exc)
             reply.headers["X-Vramd-Service"] = self._service

@@ -11,17 +11,37 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from service.adapters import Adapter, adapter_named, guess_adapter
 from service.policy import Service, expand_placeholders
 from service.supervisor import Instance, LogRing, runtime_environment
+from service.watch import InstanceWatch
 
 # One pool per instance: keep-alive connections to one loopback port. Generous limits:
 # admission, not the pool, bounds concurrency.
 POOL_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+
+
+def adapter_for(service: Service) -> Adapter:
+    """The policy's ``adapter:`` if set, else the one its command looks like."""
+    return adapter_named(service.adapter) if service.adapter else guess_adapter(service.command)
+
+
+def health_path(service: Service) -> str:
+    """The policy's health path; if it was left at the default, a known runtime's own.
+
+    llama-cpp-python and sd.cpp have no ``/health``; every other runtime (and the
+    contract's default for unknown ones) uses ``/health``.
+    """
+    adapter = adapter_for(service)
+    if "health" in service.model_fields_set or adapter.name == "openai":
+        return service.health
+    return adapter.health_path
 
 
 def free_loopback_port() -> int:
@@ -67,7 +87,7 @@ def launch_args(
     extra = {key: expand_placeholders(value, values) for key, value in service.env.items()}
     if set_cuda_device:
         extra.setdefault("CUDA_VISIBLE_DEVICES", str(device))
-    health = expand_placeholders(service.health, values)
+    health = expand_placeholders(health_path(service), values)
     return LaunchArgs(
         argv=[expand_placeholders(arg, values) for arg in service.command],
         env=runtime_environment(extra, base=os.environ),
@@ -106,6 +126,15 @@ class ServiceRuntime:
     last_load_s: float | None = None
     learned_peak: int | None = None
     learned_load_s: float | None = None
+    watch: InstanceWatch | None = None
+    # An out-of-memory load awaiting its retry's verdict (the incident's id).
+    oom_incident: int | None = None
+    # The last requests' shapes (body size, max_tokens...), for incident records.
+    recent_requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+
+    @property
+    def adapter(self) -> Adapter:
+        return adapter_for(self.spec)
 
     def open_client(self, port: int) -> None:
         """A keep-alive pool for the instance that just became ready."""

@@ -13,6 +13,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, ProbeReading
@@ -59,7 +61,9 @@ class Sampler:
             for name, rt in runtimes.items()
             if rt.instance.pid is not None and rt.instance.state in RESIDENT_STATES
         }
-        reading = await asyncio.to_thread(self._probe.read, roots)
+        reading, _ = await asyncio.gather(
+            asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
+        )
         self.last_reading = reading
         footprints: dict[str, int] = {}
         for name, memory in reading.instances.items():
@@ -73,6 +77,7 @@ class Sampler:
             rt.peak = max(rt.peak, memory.device_bytes)
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
+            self._watch(rt, memory.device_bytes, memory.host_bytes)
         devices = tuple(
             DeviceReading(d.index, d.total, d.used, d.free, d.managed) for d in reading.devices
         )
@@ -82,6 +87,42 @@ class Sampler:
             self._last_downsample = self._clock.monotonic()
             self._downsample()
             self.flush_counters()
+
+    def _watch(self, rt: ServiceRuntime, device_bytes: int, host_bytes: int) -> None:
+        watch = rt.watch
+        if watch is None:
+            return
+        findings = watch.observe(
+            t=self._clock.now(),
+            device_bytes=device_bytes,
+            host_bytes=host_bytes,
+            requests_served=rt.counters["requests_served"],
+        )
+        lines = rt.log.tail(rt.log.max_lines, since=watch.log_mark)
+        watch.log_mark = rt.log.mark()
+        findings += watch.scan_log([line.text for line in lines])
+        for finding in findings:
+            self._orc.doctor.on_finding(rt, finding)
+
+    async def scrape_metrics(self) -> None:
+        """Runtime metrics (KV cache use) of ready services that set ``metrics:``."""
+        targets = [
+            rt
+            for rt in self._orc.runtimes.values()
+            if rt.spec.metrics and rt.client is not None and rt.watch is not None
+        ]
+        await asyncio.gather(*(self._scrape(rt) for rt in targets))
+
+    async def _scrape(self, rt: ServiceRuntime) -> None:
+        client, watch, path = rt.client, rt.watch, rt.spec.metrics
+        if client is None or watch is None or path is None:
+            return
+        try:
+            response = await client.get(path, timeout=1.0)
+        except httpx.HTTPError:
+            return  # a busy runtime may be slow to answer; the next sample will try again
+        if response.status_code == 200:
+            watch.metrics = rt.adapter.parse_metrics(response.text)
 
     def _learn_peak(self, rt: ServiceRuntime) -> None:
         learned = self._orc.scheduler.service_view(rt.name)

@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Seconds the daemon waits for a stopped instance's memory to be released.
     settle_timeout: float = 10.0
+    # Creep detection's warm-up (DESIGN section 5: 20 requests and 60 s after ready).
+    creep_min_requests: int = 20
+    creep_min_age_s: float = 60.0
+    # How many samples after warm-up creep detection needs before it may judge.
+    creep_min_samples: int = 30
 
 
 class ClientSettings(BaseSettings):

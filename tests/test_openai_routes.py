@@ -82,7 +82,9 @@ class StubLeases:
                 return name
         raise ModelNotFound(f"model {model!r} not found")
 
-    async def acquire(self, service: str, *, request_id: str) -> Lease:
+    async def acquire(
+        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+    ) -> Lease:
         svc = self.services[service]
         return Lease(request_id, service, svc.url, self._clients[svc.url], svc.upstream_model)
 

@@ -85,7 +85,9 @@ class FakeLeases:
                 return name
         raise ModelNotFound(f"model {model!r} not found")
 
-    async def acquire(self, service: str, *, request_id: str) -> Lease:
+    async def acquire(
+        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+    ) -> Lease:
         if self.reject is not None:
             raise self.reject
         if self.hold is not None:

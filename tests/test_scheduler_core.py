@@ -981,3 +981,29 @@ def test_restart_requested_ignores_a_stopped_service() -> None:
     world = World(rule("a", ON_DEMAND))
     assert not world.send(RestartRequested("a", "window"), at=1.0)
     assert world.sched.service_view("a").state == "stopped"
+
+
+def test_make_room_evicts_everything_the_failed_load_may_evict() -> None:
+    """After an out-of-memory load, its retry gets every evictable byte on its device."""
+    from service.scheduler import InstanceBackoff, MakeRoom
+
+    world = World(
+        rule("big", ON_DEMAND, priority=200, mib=300),
+        rule("low", ON_DEMAND, priority=100, mib=200),
+        rule("pin", PINNED, priority=50, mib=200),
+        rule("warm", WARM, priority=300, mib=100),
+    )
+    for name, rid in (("low", "r1"), ("warm", "r2")):
+        world.request(rid, name, at=0.0)
+        world.ready(name, at=0.5)
+        world.finish(rid, at=0.6)
+    world.ready("pin", at=0.7)
+    world.request("r3", "big", at=1.0)
+    assert world.sched.service_view("big").state == "starting"
+    world.send(InstanceBackoff("big", "CUDA error: out of memory"), at=2.0)
+    actions = world.send(MakeRoom("big", "load failed with out-of-memory"), at=2.1)
+    stopped = {a.service for a in actions if isinstance(a, Stop)}
+    assert stopped == {"low"}  # not the pinned one, not the higher-priority warm one
+    notes = [a for a in actions if isinstance(a, Note) and a.kind == "evict"]
+    assert notes and notes[0].data["victims"] == ["low"]
+    assert world.sched.service_view("big").state == "starting"  # its retry is still due

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from service import __version__
@@ -237,4 +240,92 @@ async def events(
                 }
                 for row in rows
             ]
+        }
+
+
+@router.get("/api/events/stream")
+async def events_stream(request: Request, orchestrator: OrchestratorDep) -> StreamingResponse:
+    """Server-sent events: each new event as ``data: {json}``, a comment every 15 s."""
+    queue = orchestrator.events.subscribe()
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            yield b": vramd events\n\n"
+            while not await request.is_disconnected():
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=15)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                yield f"id: {event['id']}\ndata: {json.dumps(event)}\n\n".encode()
+        finally:
+            orchestrator.events.unsubscribe(queue)
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+@router.get("/api/services/{name}/memory")
+async def memory(
+    name: str,
+    store: StoreDep,
+    orchestrator: OrchestratorDep,
+    since: Annotated[float | None, Query(description="epoch seconds")] = None,
+    limit: Annotated[int, Query(ge=1, le=20000)] = 3600,
+) -> dict[str, Any]:
+    """The service's memory samples (1 s for the last hour, 1 min for a week)."""
+    orchestrator.runtime(name)  # 404 for an unknown service
+    with store.session() as session:
+        rows = queries.instance_samples(session, service=name, since_ts=since, limit=limit)
+        samples = [
+            {
+                "ts": row.ts,
+                "instance_id": row.instance_id,
+                "device_bytes": row.device_bytes,
+                "host_bytes": row.host_bytes,
+                "kv_cache_bytes": row.kv_cache_bytes,
+                "in_flight": row.in_flight,
+                "requests_served": row.requests_served,
+                "resolution": row.resolution,
+            }
+            for row in rows
+        ]
+    return {"service": name, **orchestrator.memory_view(name), "samples": samples}
+
+
+@router.get("/api/incidents")
+async def incidents(
+    store: StoreDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> dict[str, Any]:
+    with store.session() as session:
+        return {
+            "incidents": [
+                {
+                    "id": row.id,
+                    "ts": row.ts,
+                    "service": row.service,
+                    "kind": row.kind,
+                    "verdict": row.verdict,
+                    "summary": row.summary,
+                }
+                for row in queries.list_incidents(session, limit=limit)
+            ]
+        }
+
+
+@router.get("/api/incidents/{incident_id}")
+async def incident(incident_id: int, store: StoreDep) -> dict[str, Any]:
+    with store.session() as session:
+        row = queries.get_incident(session, id=incident_id)
+        if row is None:
+            raise HTTPException(404, f"no incident {incident_id}")
+        return {
+            "id": row.id,
+            "ts": row.ts,
+            "service": row.service,
+            "kind": row.kind,
+            "verdict": row.verdict,
+            "summary": row.summary,
+            "data": row.data,
         }

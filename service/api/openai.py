@@ -98,7 +98,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         )
         body = await read_body(request, limit, setting)
         content_type = request.headers.get("content-type", "")
-        model, with_model = find_model(body, content_type)
+        model, with_model, shape = find_model(body, content_type)
         service = leases.resolve(model, route)
         query = request.url.query
         client_request = ClientRequest(
@@ -107,6 +107,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
             headers=forwarded_headers(request.headers),
             model=model,
             with_model=with_model,
+            shape=shape,
         )
         return ProxyResponse(leases=leases, service=service, request=client_request, config=config)
 
@@ -153,11 +154,13 @@ def _too_large(limit: int, setting: str) -> HTTPException:
 ModelRewrite = Callable[[str], bytes]
 
 
-def find_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite]:
-    """The model a request names, and a function giving its body with another model."""
+def find_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite, dict[str, Any]]:
+    """The model a request names, a function giving its body with another model, and
+    the request's shape (size, max_tokens, prompt length, image size) for incidents."""
     media = content_type.partition(";")[0].strip().lower()
     if media == "multipart/form-data":
-        return _form_model(body, content_type)
+        model, rewrite = _form_model(body, content_type)
+        return model, rewrite, {"body_bytes": len(body), "multipart": True}
     if media in ("", "application/json") or media.endswith("+json"):
         return _json_model(body)
     raise HTTPException(
@@ -167,7 +170,7 @@ def find_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite]:
     )
 
 
-def _json_model(body: bytes) -> tuple[str, ModelRewrite]:
+def _json_model(body: bytes) -> tuple[str, ModelRewrite, dict[str, Any]]:
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -182,7 +185,20 @@ def _json_model(body: bytes) -> tuple[str, ModelRewrite]:
         # ASCII output: a lone surrogate escaped in the client's JSON cannot become UTF-8.
         return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
 
-    return model, with_model
+    return model, with_model, request_shape(payload, len(body))
+
+
+def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:
+    """What an operator needs to know of a request that preceded an out-of-memory."""
+    shape: dict[str, Any] = {"body_bytes": body_bytes}
+    for key in ("max_tokens", "max_completion_tokens", "n", "size", "stream"):
+        value = payload.get(key)
+        if isinstance(value, int | str | bool):
+            shape[key] = value
+    prompt = payload.get("messages") or payload.get("prompt") or payload.get("input")
+    if prompt is not None:
+        shape["prompt_chars"] = len(json.dumps(prompt))
+    return shape
 
 
 _BOUNDARY = re.compile(r';\s*boundary\s*=\s*(?:"([^"]+)"|([^\s;]+))', re.IGNORECASE)

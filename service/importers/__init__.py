@@ -41,7 +41,7 @@ def scalar(value: object) -> str:
 
 def _reads_back(text: str) -> bool:
     try:
-        return yaml.safe_load(f"[{text}]") == [text]
+        return bool(yaml.safe_load(f"[{text}]") == [text])
     except yaml.YAMLError:
         return False
 

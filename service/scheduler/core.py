@@ -45,6 +45,7 @@ from service.scheduler.events import (
     InstanceStopped,
     LearnedChanged,
     LoadRequested,
+    MakeRoom,
     MemorySampled,
     PolicyChanged,
     RequestArrived,
@@ -55,6 +56,7 @@ from service.scheduler.events import (
     UnloadRequested,
     WindowChanged,
 )
+from service.scheduler.eviction import may_evict
 from service.scheduler.ledger import LedgerView
 from service.scheduler.planner import run_pass
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
@@ -135,6 +137,8 @@ class Scheduler:
                 self._on_unload(event)
             case RestartRequested():
                 self._on_restart(event)
+            case MakeRoom():
+                self._on_make_room(event)
         run_pass(book)
         return book.out
 
@@ -294,6 +298,35 @@ class Scheduler:
             if name in event.restart and current.resident:
                 current.restart_pending = True
                 current.restart_reason = "its command changed"
+
+    def _on_make_room(self, event: MakeRoom) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None or svc.device is None or not svc.resident:
+            return
+        victims = [
+            other
+            for other in book.ordered()
+            if other.name != svc.name
+            and other.resident
+            and other.device == svc.device
+            and other.state in (S.READY, S.STARTING)
+            and may_evict(svc.rule, other.snapshot(), ignore_protection=True)
+        ]
+        if not victims:
+            book.note(svc.name, "make-room", f"{event.reason}: nothing {svc.name} may evict")
+            return
+        names = [v.name for v in victims]
+        book.note(
+            svc.name,
+            "evict",
+            f"{event.reason}: evicting everything {svc.name} may evict on device "
+            f"{svc.device} before its retry: {', '.join(names)}",
+            device=svc.device,
+            victims=names,
+        )
+        for victim in victims:
+            book.stop(victim, f"evicted to make room for {svc.name}'s retry")
 
     def _on_restart(self, event: RestartRequested) -> None:
         svc = self._book.services.get(event.service)

@@ -145,6 +145,16 @@ class RestartRequested:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class MakeRoom:
+    """A load of ``service`` failed with out-of-memory: evict everything it may evict on
+    its device before the supervisor's retry, to tell fragmentation (the retry then
+    fits) from a real capacity shortage (it fails again)."""
+
+    service: str
+    reason: str
+
+
 Event = (
     RequestArrived
     | RequestCancelled
@@ -161,4 +171,5 @@ Event = (
     | LoadRequested
     | UnloadRequested
     | RestartRequested
+    | MakeRoom
 )

@@ -141,11 +141,20 @@ class Daemon:
             return []
 
 
-def start_daemon(workdir: Path, *, port: int | None = None, ready: bool = True) -> Daemon:
-    """Start ``vramd serve`` on ``workdir/policy.yaml`` (the caller stops it)."""
+def start_daemon(
+    workdir: Path,
+    *,
+    port: int | None = None,
+    ready: bool = True,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    """Start ``vramd serve`` on ``workdir/policy.yaml`` (the caller stops it).
+
+    ``env`` adds ``VRAMD_*`` settings (the test's own environment's are dropped).
+    """
     port = port or free_port()
     log = (workdir / "daemon.log").open("ab")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")} | (env or {})
     proc = subprocess.Popen(
         [
             *VRAMD,

@@ -1,0 +1,235 @@
+"""Acting on memory findings: flags, cap actions, out-of-memory incidents and verdicts.
+
+DESIGN section 5. The sampler and the proxy report what they saw (a cap streak, a
+creeping series, an out-of-memory line or response, a load that died of OOM); the
+doctor turns each into a flag and an event, carries out the service's ``on_cap``, and
+leaves an incident record with the figures an operator needs to tell fragmentation from
+a capacity shortage or a competing workload. It asks the orchestrator to act through
+scheduler events only (``feed``), so every stop and restart still goes through
+admission like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from service.adapters import find_oom
+from service.clock import Clock
+from service.diagnostics import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
+from service.eventlog import EventLog
+from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
+from service.settings import Settings
+from service.store import Store, queries
+from service.units import format_size
+from service.watch import Finding, InstanceWatch
+
+if TYPE_CHECKING:
+    from service.runtimes import ServiceRuntime
+    from service.sampling import Sampler
+
+# The events an incident quotes: what happened in the minutes before it.
+INCIDENT_HISTORY_S = 300.0
+INCIDENT_EVENT_KINDS = ("load", "evict", "state", "reject", "refuse", "admit", "flag")
+
+
+class Doctor:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        events: EventLog,
+        clock: Clock,
+        settings: Settings,
+        sampler: Sampler,
+        runtimes: Callable[[], dict[str, ServiceRuntime]],
+        feed: Callable[[Event], None],
+        nvml: bool,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._clock = clock
+        self._settings = settings
+        self._sampler = sampler
+        self._runtimes = runtimes
+        self._feed = feed
+        self._nvml = nvml
+
+    def new_watch(self, rt: ServiceRuntime) -> InstanceWatch:
+        creep = CreepConfig(
+            min_requests=self._settings.creep_min_requests,
+            min_age_s=self._settings.creep_min_age_s,
+            min_samples=self._settings.creep_min_samples,
+        )
+        return InstanceWatch(
+            ready_at=self._clock.now(),
+            requests_at_ready=rt.counters["requests_served"],
+            cap=CapWatch(rt.spec.memory.cap),
+            adapter=rt.adapter,
+            creep=creep,
+            host_series_too=self._nvml,
+            log_mark=rt.log.mark(),
+        )
+
+    # ------------------------------------------------------------------ findings
+
+    def on_finding(self, rt: ServiceRuntime, finding: Finding) -> None:
+        if finding.kind == "over-cap":
+            self._flag(rt, "over-cap", finding.message)
+            self._on_cap(rt)
+        elif finding.kind == "creeping":
+            self._flag(rt, "creeping", finding.message, series=finding.series)
+        elif finding.kind == "oom":
+            self.runtime_oom(rt, finding.text or finding.message, source="log")
+
+    def _flag(self, rt: ServiceRuntime, flag: str, message: str, **data: Any) -> None:
+        new = flag not in rt.flags
+        rt.flags.add(flag)
+        self._events.record(
+            "flag",
+            f"{rt.name} flagged {flag}: {message}",
+            service=rt.name,
+            instance_id=rt.instance_id,
+            data={"flag": flag, "new": new, **data},
+        )
+
+    def _on_cap(self, rt: ServiceRuntime) -> None:
+        action = rt.spec.memory.on_cap.value
+        cap = format_size(rt.spec.memory.cap)
+        if action == "restart":
+            self._feed(RestartRequested(rt.name, f"over its cap {cap} (on_cap: restart)"))
+        elif action == "stop":
+            self._events.record(
+                "cap-stop", f"{rt.name} stopped: over its cap {cap} (on_cap: stop)", service=rt.name
+            )
+            self._feed(UnloadRequested(rt.name))
+
+    # ----------------------------------------------------------- out of memory
+
+    def runtime_oom(self, rt: ServiceRuntime, text: str, *, source: str) -> None:
+        """The runtime said out-of-memory while serving: fragmentation or capacity?"""
+        device = self._device_free(rt)
+        samples = list(rt.watch.device) if rt.watch else []
+        # What the failing request itself needed is unknown: runtimes do not report it,
+        # and a body's size says little about its KV cache or image buffers.
+        diagnosis = diagnose_oom(
+            OomReport(self._clock.now(), text), device=DeviceFree(device), samples=samples
+        )
+        if diagnosis.kind == "fragmented":
+            self._flag(rt, "fragmented", f"{diagnosis.reason} ({source}: {text})")
+        incident = self.record_incident(
+            rt, kind="request", verdict=diagnosis.kind, summary=diagnosis.reason, oom_text=text
+        )
+        self._events.record(
+            "oom",
+            f"{rt.name} reported out-of-memory ({source}): {diagnosis.kind}: {diagnosis.reason}",
+            service=rt.name,
+            data={"incident": incident, "verdict": diagnosis.kind, "text": text},
+        )
+
+    def load_failed(self, rt: ServiceRuntime, error: str, *, retrying: bool) -> None:
+        """A start died. Out-of-memory gets one retry with everything evictable evicted."""
+        if find_oom(rt.adapter, error) is None:
+            return
+        if rt.oom_incident is not None:
+            self.verdict(rt, retry_succeeded=False)
+            return
+        rt.oom_incident = self.record_incident(
+            rt,
+            kind="load",
+            verdict=None,
+            summary=f"load failed with out-of-memory: {error.splitlines()[-1]}",
+            oom_text=error,
+        )
+        if retrying:
+            self._feed(MakeRoom(rt.name, "its load failed with out-of-memory"))
+        else:
+            self.verdict(rt, retry_succeeded=False)
+
+    def verdict(self, rt: ServiceRuntime, *, retry_succeeded: bool) -> None:
+        incident, rt.oom_incident = rt.oom_incident, None
+        if incident is None:
+            return
+        verdict = "fragmentation" if retry_succeeded else "capacity"
+        explanation = (
+            "the retry fit once everything evictable was gone: the first failure was "
+            "fragmentation or memory held by others, not a lack of capacity"
+            if retry_succeeded
+            else "it failed again with everything evictable gone: the device cannot hold it"
+        )
+        with self._store.session() as session:
+            queries.set_incident_verdict(session, id=incident, verdict=verdict)
+        self._events.record(
+            "verdict",
+            f"{rt.name}: out-of-memory load diagnosed as {verdict}: {explanation}",
+            service=rt.name,
+            data={"incident": incident, "verdict": verdict},
+        )
+
+    # ----------------------------------------------------------------- incidents
+
+    def record_incident(
+        self,
+        rt: ServiceRuntime,
+        *,
+        kind: str,
+        verdict: str | None,
+        summary: str,
+        oom_text: str,
+    ) -> int:
+        """An incident with the figures of DESIGN section 5, taken now."""
+        now = self._clock.now()
+        reading = self._sampler.last_reading
+        devices = [
+            {
+                "index": d.index,
+                "total_bytes": d.total,
+                "used_bytes": d.used,
+                "free_bytes": d.free,
+                "foreign_bytes": d.foreign,
+                "managed_bytes": d.managed,
+            }
+            for d in (reading.devices if reading else ())
+        ]
+        instances = {
+            name: {
+                "state": other.instance.state.value,
+                "device": other.device,
+                "device_bytes": other.footprint,
+                "host_bytes": other.host_bytes,
+                "peak_bytes": other.peak,
+            }
+            for name, other in self._runtimes().items()
+            if other.instance.pid is not None
+        }
+        largest = max(rt.recent_requests, key=lambda r: r.get("body_bytes", 0), default=None)
+        with self._store.session() as session:
+            history = queries.list_events(session, since_ts=now - INCIDENT_HISTORY_S, limit=200)
+            data = {
+                "oom_text": oom_text,
+                "devices": devices,
+                "instances": instances,
+                "largest_recent_request": largest,
+                "recent_requests": list(rt.recent_requests)[-10:],
+                "history": [
+                    {"ts": e.ts, "kind": e.kind, "service": e.service, "message": e.message}
+                    for e in history
+                    if e.kind in INCIDENT_EVENT_KINDS
+                ],
+            }
+            return queries.record_incident(
+                session,
+                ts=now,
+                service=rt.name,
+                kind=kind,
+                summary=summary,
+                data=data,
+                verdict=verdict,
+            )
+
+    def _device_free(self, rt: ServiceRuntime) -> int:
+        reading = self._sampler.last_reading
+        for device in reading.devices if reading else ():
+            if device.index == (rt.device or 0):
+                return device.free
+        return 0
