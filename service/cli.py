@@ -176,4 +176,8 @@ def main() -> None:
 from service import cli_client  # noqa: E402,F401  (registers client commands)
 
 if __name__ == "__main__":
-    main()
+    # ``python -m service.cli`` runs this file as __main__, a second copy of the module;
+    # the client commands registered themselves on the importable one, so run that.
+    from service.cli import main as registered_main
+
+    registered_main()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -510,21 +509,6 @@ def import_llamaswap(
 # ------------------------------------------------------------- registration
 
 
-def _cli_apps() -> list[typer.Typer]:
-    """Every copy of the ``vramd`` app to register on.
-
-    ``python -m service.cli`` runs cli.py as ``__main__``; its import of this module then
-    imports ``service.cli`` a second time, and the app that runs is ``__main__``'s.
-    """
-    apps = [cli.app]
-    main = sys.modules.get("__main__")
-    main_app = getattr(main, "app", None)
-    is_cli = getattr(getattr(main, "__spec__", None), "name", None) == "service.cli"
-    if is_cli and isinstance(main_app, typer.Typer) and main_app is not cli.app:
-        apps.append(main_app)
-    return apps
-
-
 def _register(app: typer.Typer) -> None:
     for command in (ps, load, unload, restart, apply, events, incidents):
         app.command()(command)
@@ -532,5 +516,4 @@ def _register(app: typer.Typer) -> None:
     app.add_typer(import_app, name="import")
 
 
-for _app in _cli_apps():
-    _register(_app)
+_register(cli.app)

@@ -187,7 +187,12 @@ def test_events_follow_prints_new_events_until_ctrl_c(daemon: Daemon) -> None:
     ) as proc:
         assert proc.stdout is not None
         stdout = proc.stdout
-        threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+        def read() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
         try:
             lines.get(timeout=20)  # the latest event: the follow has started
             start = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
@@ -270,16 +275,15 @@ def test_windows_add_rejects_a_bad_time(daemon: Daemon) -> None:
     assert result.stderr.startswith("vramd: --at: expected now, +DURATION")
 
 
-def test_incidents_lists_them_or_says_the_route_is_missing(daemon: Daemon) -> None:
-    result = vramd("incidents", url=daemon.url)
-    if result.returncode == 1:
-        assert result.stderr.strip() == (
-            "vramd: this daemon does not serve incidents yet "
-            "(GET /api/incidents answered 404); upgrade vramd"
-        )
-    else:
-        assert result.returncode == 0, result.stderr
-        assert "no incidents recorded" in result.stdout or "VERDICT" in result.stdout
+def test_incidents_list_and_detail(daemon: Daemon) -> None:
+    listed = vramd("incidents", url=daemon.url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "no incidents recorded"
+    assert json.loads(vramd("incidents", "--json", url=daemon.url).stdout) == []
+
+    missing = vramd("incidents", "999", url=daemon.url)
+    assert missing.returncode == 1
+    assert missing.stderr == "vramd: not_found: no incident 999\n"
 
 
 def test_unreachable_daemon_exits_3_with_one_line() -> None:
