@@ -89,6 +89,7 @@ from service.supervisor import (
 )
 from service.tasks import TaskGroup
 from service.views import service_view, status_view
+from service.watchdog import Liveness, Stall, Watchdog
 
 log = logging.getLogger("vramd.orchestrator")
 
@@ -158,6 +159,23 @@ class Orchestrator:
             feed=self.feed,
             nvml=probe.backend == "nvml",
         )
+        self._last_tick: float | None = None
+        self.watchdog = Watchdog(
+            stall_after_s=settings.watchdog_stall_s,
+            on_stall=self._stall_noticed,
+            on_recover=self._stall_ended,
+        )
+        interval = policy.device.sample_interval
+        grace = settings.liveness_grace_s
+        self.liveness = Liveness(
+            {
+                "scheduler ticks": (lambda: self._age(self._last_tick), max(grace / 3, 5 * TICK_S)),
+                "memory samples": (
+                    lambda: self._age(self.sampler.last_sample_at),
+                    max(grace, 5 * interval),
+                ),
+            }
+        )
         self.maintenance = Maintenance(
             clock=clock, on_open=self._window_opened, on_close=self._window_closed
         )
@@ -179,11 +197,13 @@ class Orchestrator:
         self._feed_windows()
         self._loops.spawn(self.sampler.run(), "sampler")
         self._loops.spawn(self._tick_loop(), "ticker")
+        self.watchdog.start()
 
     async def close(self) -> None:
         """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
         self._closing = True
         self.maintenance.shutdown()
+        await self.watchdog.stop()
         await self._loops.cancel_all()
         for request_id, waiter in list(self._waiters.items()):
             self._waiters.pop(request_id, None)
@@ -209,6 +229,28 @@ class Orchestrator:
         while True:
             await self._clock.sleep(TICK_S)
             self.feed(Tick())
+            self._last_tick = self._clock.monotonic()
+
+    def _age(self, since: float | None) -> float | None:
+        return None if since is None else self._clock.monotonic() - since
+
+    def _stall_noticed(self, stall: Stall) -> None:
+        """From the watchdog thread: the loop is blocked, so write to SQLite directly."""
+        message = (
+            f"event loop blocked for {stall.duration:.1f}s: no request, load or stop can "
+            f"proceed; the loop is at:\n{stall.where}"
+        )
+        with self._store.session() as session:
+            queries.record_event(
+                session, ts=self._clock.now(), kind="watchdog", message=message, data={}
+            )
+
+    def _stall_ended(self, stall: Stall) -> None:
+        self.events.record(
+            "watchdog-recovered",
+            f"event loop ran again after being blocked for {stall.duration:.1f}s",
+            data={"blocked_s": stall.duration, "where": stall.where},
+        )
 
     async def _reap_orphans(self) -> None:
         with self._store.session() as session:
@@ -858,11 +900,27 @@ class Orchestrator:
         )
 
     def health(self) -> dict[str, Any]:
+        """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""
         reading: ProbeReading | None = self.sampler.last_reading
+        live = self.liveness.report()
+        problems = list(live["problems"])
+        for task in self._loops.failed:
+            problems.append(f"{task.get_name()} died: {task.exception()!r}")
+        stalled = self.watchdog.stalled_for
+        if stalled is not None:
+            problems.append(f"event loop blocked for {stalled:.1f}s")
+        if self._closing:
+            problems.append("shutting down")
+        last = self.watchdog.last_stall
         return {
-            "ok": not self._closing,
+            "ok": not problems,
+            "problems": problems,
             "backend": self._probe.backend,
             "degraded": reading.degraded if reading else None,
+            "progress_age_s": live["ages_s"],
+            "last_stall": {"blocked_s": round(last.duration, 3), "where": last.where}
+            if last
+            else None,
             "services": {name: rt.instance.state.value for name, rt in self.runtimes.items()},
         }
 

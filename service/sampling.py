@@ -43,6 +43,7 @@ class Sampler:
         self._store = store
         self._clock = clock
         self.last_reading: ProbeReading | None = None
+        self.last_sample_at: float | None = None  # monotonic, for the liveness check
         self._last_downsample = clock.monotonic()
 
     async def run(self) -> None:
@@ -65,6 +66,7 @@ class Sampler:
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
         self.last_reading = reading
+        self.last_sample_at = self._clock.monotonic()
         footprints: dict[str, int] = {}
         for name, memory in reading.instances.items():
             rt = runtimes.get(name)

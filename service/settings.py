@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Seconds the daemon waits for a stopped instance's memory to be released.
     settle_timeout: float = 10.0
+    # The watchdog reports the event loop as blocked after this long without a beat.
+    watchdog_stall_s: float = 10.0
+    # /healthz fails when memory samples are this late (or 5 sample intervals, if more).
+    liveness_grace_s: float = 15.0
     # Creep detection's warm-up (DESIGN section 5: 20 requests and 60 s after ready).
     creep_min_requests: int = 20
     creep_min_age_s: float = 60.0

@@ -16,6 +16,8 @@ class TaskGroup:
     """Background work the orchestrator started and must finish or cancel at close."""
 
     running: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Tasks that ended with an exception: the orchestrator's health reports them.
+    failed: list[asyncio.Task[Any]] = field(default_factory=list)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -25,6 +27,7 @@ class TaskGroup:
     def _done(self, task: asyncio.Task[Any]) -> None:
         self.running.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            self.failed.append(task)
             log.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
     async def cancel_all(self) -> None:

@@ -34,6 +34,7 @@ from service.orchestrator import Orchestrator
 from service.policy import load_policy
 from service.settings import Settings
 from service.store import Store, open_store, queries
+from service.supervisor import ProcessLauncher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_MARKER = "service.demo_runtime"
@@ -142,9 +143,20 @@ class RunningDaemon:
 class OrchestratorHarness:
     """Starts orchestrators for one test and guarantees their teardown."""
 
-    def __init__(self, tmp_path: Path, *, settle_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        settle_timeout: float = 5.0,
+        launcher: ProcessLauncher | None = None,
+        probe: DeviceProbe | None = None,
+        **settings: Any,
+    ) -> None:
         self._tmp_path = tmp_path
         self._settle_timeout = settle_timeout
+        self._launcher = launcher
+        self._probe = probe
+        self._settings = settings
         self._running: list[RunningDaemon] = []
 
     async def start(self, text: str) -> RunningDaemon:
@@ -153,13 +165,16 @@ class OrchestratorHarness:
         config.write_text(text, encoding="utf-8")
         policy = load_policy(text)
         store = open_store(self._tmp_path / f"vramd-{index}.db")
-        probe = create_probe("host")
+        probe = self._probe or create_probe("host")
         orchestrator = Orchestrator(
             policy=policy,
             store=store,
             probe=probe,
             clock=SystemClock(),
-            settings=Settings(config=config, settle_timeout=self._settle_timeout),
+            settings=Settings(
+                config=config, settle_timeout=self._settle_timeout, **self._settings
+            ),
+            launcher=self._launcher,
         )
         daemon = RunningDaemon(orchestrator, store, probe)
         # Registered before start(): a start that fails half-way is still closed.
