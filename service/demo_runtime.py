@@ -26,6 +26,9 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
     --hang                   /health is fine but inference requests never answer
     --leak-per-request SIZE  each inference request allocates SIZE that is never freed
     --leak-limit SIZE        stop leaking once this much has leaked (a plateau)
+    --sleep-mode             vLLM's dev-mode sleep routes: POST /sleep?level=1 frees
+                             --memory (the "weights" leave the device), POST /wake_up
+                             takes it back, GET /is_sleeping says which
     --latency-ms MS          added latency before each inference reply (default 0)
     --chunks N               words per reply, one per streamed chunk (default 5)
     --chunk-delay-ms MS      delay between streamed chunks (default 20)
@@ -103,6 +106,7 @@ class Options:
     chunk_delay_ms: float = 20.0
     workers: int = 0
     worker_memory: int = 0
+    sleep_mode: bool = False
 
 
 def _size(text: str) -> int:
@@ -136,6 +140,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--chunk-delay-ms", type=float, default=20.0)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--worker-memory", type=_size, default=0)
+    p.add_argument("--sleep-mode", action="store_true")
     ns = vars(p.parse_args(argv))
     names = [name.strip() for item in ns.pop("models") for name in item.split(",")]
     ns["models"] = tuple(name for name in names if name) or ("demo",)
@@ -230,6 +235,21 @@ class Runtime:
         self._predicted_tokens = 0
         self._leaked: list[mmap.mmap] = []
         self._leaked_bytes = 0
+        self.sleeping = False
+
+    def sleep(self) -> None:
+        """vLLM level-1 sleep, as far as memory goes: the --memory block is given back."""
+        with self._lock:
+            block, self.memory = self.memory, None
+            self.sleeping = True
+        if block is not None:
+            block.close()
+
+    def wake(self) -> None:
+        block = touch_memory(self.opts.memory)
+        with self._lock:
+            self.memory = block
+            self.sleeping = False
 
     def begin(self, tokens: int) -> int:
         """Account for an inference request; returns its 1-based number."""
@@ -629,6 +649,8 @@ class Handler(BaseHTTPRequestHandler):
                 for name in self.runtime.opts.models
             ]
             self._send(json_reply({"object": "list", "data": data}))
+        elif path == "/is_sleeping" and self.runtime.opts.sleep_mode:
+            self._send(json_reply({"is_sleeping": self.runtime.sleeping}))
         elif path == "/metrics":
             text = self.runtime.metrics().encode()
             self._send(Reply(body=text, content_type="text/plain; version=0.0.4"))
@@ -641,12 +663,19 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._read_body()
+            if self.runtime.opts.sleep_mode and path in ("/sleep", "/wake_up"):
+                (self.runtime.sleep if path == "/sleep" else self.runtime.wake)()
+                log(f"{path.lstrip('/')} done")
+                self._send(Reply(status=200, body=b""))
+                return
             route = ROUTES.get(path)
             if route is None:
                 raise ApiError(404, f"no route {path}", "not_found_error")
             payload = parse_payload(body, self.headers.get("Content-Type", ""))
             if not self.runtime.ready.is_set():
                 raise ApiError(503, "Loading model", "unavailable_error")
+            if self.runtime.sleeping:
+                raise ApiError(503, "the engine is sleeping; POST /wake_up", "unavailable_error")
             self._infer(route, payload)
         except ApiError as err:
             self._send(err.reply())

@@ -63,6 +63,9 @@ class InstanceState(enum.StrEnum):
     STOPPING = "stopping"
     BACKOFF = "backoff"
     FAILED = "failed"
+    # A runtime with a sleep mode (vLLM) put to sleep instead of stopped: the process
+    # lives, its weights sit in host memory, and waking it is far cheaper than a load.
+    SLEEPING = "sleeping"
 
 
 S = InstanceState
@@ -70,12 +73,13 @@ S = InstanceState
 # Every legal move of an instance's lifecycle. A crash while starting or ready goes to
 # BACKOFF (a restart is scheduled) or FAILED (retries exhausted); BACKOFF either starts
 # again or is cancelled by an unload. FAILED leaves only when an operator or a request
-# asks for a load.
+# asks for a load. SLEEPING (sleep mode) wakes to READY, or is stopped like any other.
 TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     S.STOPPED: frozenset({S.STARTING}),
     S.STARTING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
-    S.READY: frozenset({S.DRAINING, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
-    S.DRAINING: frozenset({S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED, S.SLEEPING}),
+    S.DRAINING: frozenset({S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED, S.SLEEPING}),
+    S.SLEEPING: frozenset({S.READY, S.STOPPING, S.STOPPED, S.FAILED}),
     S.STOPPING: frozenset({S.STOPPED, S.FAILED}),
     S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
     S.FAILED: frozenset({S.STARTING, S.STOPPED}),

@@ -75,6 +75,7 @@ from service.scheduler import (
     rules_from_policy,
 )
 from service.settings import Settings
+from service.sleeping import SleepMode
 from service.store import Store, queries
 from service.supervisor import (
     Instance,
@@ -159,6 +160,12 @@ class Orchestrator:
             feed=self.feed,
             nvml=probe.backend == "nvml",
         )
+        self.sleep = SleepMode(
+            events=self.events,
+            probe=probe,
+            clock=clock,
+            settle_timeout_s=settings.settle_timeout,
+        )
         self._last_tick: float | None = None
         self.watchdog = Watchdog(
             stall_after_s=settings.watchdog_stall_s,
@@ -230,6 +237,15 @@ class Orchestrator:
             await self._clock.sleep(TICK_S)
             self.feed(Tick())
             self._last_tick = self._clock.monotonic()
+            for rt in self.sleep.overslept(self.runtimes):
+                self._end_sleep(rt.name, f"asleep longer than its idle_ttl ({rt.spec.idle_ttl:g}s)")
+
+    def _end_sleep(self, name: str, reason: str) -> None:
+        """Stop a sleeper for good (in the background); the scheduler counts it stopped."""
+        self.sleep.asleep_since.pop(name, None)
+        rt = self.runtimes.get(name)
+        if rt is not None:
+            self._tasks.spawn(self.sleep.stop_sleeper(rt, reason), f"stop sleeper {name}")
 
     def _age(self, since: float | None) -> float | None:
         return None if since is None else self._clock.monotonic() - since
@@ -312,6 +328,14 @@ class Orchestrator:
             case Stop():
                 rt = self.runtimes[action.service]
                 self._tasks.spawn(self._stop(rt, action.reason), f"stop {rt.name}")
+            case Note(kind="wait") if self.sleep.asleep_since:
+                # A load waits for memory: sleepers' leftovers are the cheapest to take.
+                for name in list(self.sleep.asleep_since):
+                    if name != action.service:
+                        self._end_sleep(name, f"{action.service} waits for memory")
+                self.events.record(
+                    action.kind, action.message, service=action.service, data=action.data
+                )
             case Grant():
                 self._grant(action)
             case Reject():
@@ -382,6 +406,11 @@ class Orchestrator:
         return rt
 
     async def _start(self, rt: ServiceRuntime, action: Start) -> None:
+        if rt.instance.state is S.SLEEPING:
+            rt.counters["loads"] += 1
+            if rt.device == action.device and await self.sleep.wake(rt, action.reason):
+                return  # on_state has told the scheduler it is ready
+            await self.sleep.stop_sleeper(rt, "could not be woken where it was admitted")
         ledger = self._scheduler.ledger_view(action.device)
         args = launch_args(
             rt.name,
@@ -429,6 +458,9 @@ class Orchestrator:
             )
 
     async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
+        if rt.spec.sleep and not self._closing and await self.sleep.try_sleep(rt, reason):
+            self.feed(InstanceStopped(rt.name))  # to the scheduler, a sleeper is stopped
+            return
         pids = rt.last_pids
         await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
         await self._settle(rt, pids)
@@ -545,6 +577,9 @@ class Orchestrator:
         for name, rt in list(self.runtimes.items()):
             if name in policy.services:
                 rt.spec = policy.services[name]
+            elif rt.instance.state is S.SLEEPING:
+                self._end_sleep(name, "removed from the policy")
+                del self.runtimes[name]
             elif rt.instance.pid is None:
                 del self.runtimes[name]  # removed and not running: nothing to drain
         rules, device_rule = rules_from_policy(policy)
@@ -844,6 +879,8 @@ class Orchestrator:
         """Drain and stop a service (pinned ones stay down until loaded again)."""
         rt = self.runtime(name)
         self.events.record("operator", f"unload {name} requested", service=name)
+        if rt.instance.state is S.SLEEPING:
+            await self.sleep.stop_sleeper(rt, "unloaded by an operator")
         self.feed(UnloadRequested(name))
         deadline = self._clock.monotonic() + rt.spec.stop_timeout + self._settings.settle_timeout
         while self._clock.monotonic() < deadline + 5:

@@ -156,6 +156,9 @@ class Service(_Strict):
     # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
     # sd.cpp, tei, openai.
     adapter: StrictStr | None = None
+    # vLLM sleep mode (server started with --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1):
+    # evict by putting it to sleep (weights to host memory) and wake it for a request.
+    sleep: StrictBool = False
     memory: MemoryConfig
     residency: Residency = Residency.ON_DEMAND
     preload: StrictBool = False
@@ -472,6 +475,12 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
         cap, estimate = service.memory.cap, service.memory.estimate
         if cap is not None and cap < estimate:
             add((*base, "memory", "cap"), f"must be >= estimate ({format_size(estimate)})")
+        if service.sleep and not _supports_sleep(service):
+            add(
+                (*base, "sleep"),
+                "sleep mode needs a runtime that has one: set adapter: vllm (vLLM started "
+                "with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1)",
+            )
         if service.preload and service.residency is not Residency.WARM:
             add(
                 (*base, "preload"),
@@ -498,6 +507,13 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
         add(("device", "headroom"), f"must be below device.budget ({format_size(budget)})")
     _window_checks(policy, add, written)
     return issues
+
+
+def _supports_sleep(service: Service) -> bool:
+    from service.adapters import adapter_named, guess_adapter
+
+    adapter = adapter_named(service.adapter) if service.adapter else guess_adapter(service.command)
+    return adapter.supports_sleep
 
 
 def _window_checks(policy: Policy, add: Callable[..., None], written: set[str]) -> None:

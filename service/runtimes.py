@@ -137,7 +137,9 @@ class ServiceRuntime:
         return adapter_for(self.spec)
 
     def open_client(self, port: int) -> None:
-        """A keep-alive pool for the instance that just became ready."""
+        """A keep-alive pool for the instance that just became ready (kept over a sleep)."""
+        if self.client is not None and self.base_url == f"http://127.0.0.1:{port}":
+            return
         self.base_url = f"http://127.0.0.1:{port}"
         self.client = httpx.AsyncClient(
             base_url=self.base_url, limits=POOL_LIMITS, timeout=httpx.Timeout(600.0)

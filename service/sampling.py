@@ -17,7 +17,7 @@ import httpx
 
 from service.clock import Clock
 from service.devices import DeviceProbe
-from service.domain import RESIDENT_STATES, ProbeReading
+from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
 from service.scheduler import DeviceReading, Learned, LearnedChanged, MemorySampled
 from service.store import Store, queries
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from service.runtimes import ServiceRuntime
 
 log = logging.getLogger("vramd.sampling")
+SLEEPING = InstanceState.SLEEPING
 
 DOWNSAMPLE_EVERY_S = 60.0
 # A new learned peak is persisted only when it grows by more than this fraction, so a
@@ -60,7 +61,9 @@ class Sampler:
         roots = {
             name: rt.instance.pid
             for name, rt in runtimes.items()
-            if rt.instance.pid is not None and rt.instance.state in RESIDENT_STATES
+            # Sleepers too: what they keep on the device is ours, not foreign.
+            if rt.instance.pid is not None
+            and (rt.instance.state in RESIDENT_STATES or rt.instance.state is SLEEPING)
         }
         reading, _ = await asyncio.gather(
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()

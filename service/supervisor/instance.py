@@ -189,6 +189,14 @@ class Instance:
         """READY → DRAINING: take no new work; the owner stops it when in-flight is 0."""
         self._set_state(S.DRAINING, reason)
 
+    def mark_sleeping(self, reason: str) -> None:
+        """READY/DRAINING → SLEEPING: the owner put the runtime to sleep (its process lives)."""
+        self._set_state(S.SLEEPING, reason)
+
+    def mark_awake(self, reason: str) -> None:
+        """SLEEPING → READY: the owner woke the runtime up."""
+        self._set_state(S.READY, reason)
+
     async def stop(self, reason: str, *, timeout_s: float) -> int | None:
         """Stop the process group: SIGTERM, ``timeout_s`` of grace, SIGKILL, reap.
 
@@ -197,7 +205,7 @@ class Instance:
         the kernel) leaves the instance FAILED with its pid still shown, since it may
         still hold memory. Returns ``exit_code`` afterwards.
         """
-        if self._state in (S.STARTING, S.READY, S.DRAINING):
+        if self._state in (S.STARTING, S.READY, S.DRAINING, S.SLEEPING):
             assert self._run is not None
             self._stop_reason = reason
             self._set_state(S.STOPPING, reason)
@@ -292,6 +300,9 @@ class Instance:
             self._set_state(S.FAILED, error)  # retrying cannot find a missing command
         elif self._state is S.DRAINING:
             self._set_state(S.STOPPED, f"exited while draining: {error}")
+        elif self._state is S.SLEEPING:
+            # It was serving nothing; the next request loads it afresh.
+            self._set_state(S.STOPPED, f"exited while asleep: {error}")
         else:
             decision = self._tracker.on_failure(self._clock.monotonic())
             if decision.retry:

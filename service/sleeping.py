@@ -1,0 +1,145 @@
+"""Sleep mode: evicting a runtime by putting it to sleep instead of stopping it.
+
+vLLM started with ``--enable-sleep-mode`` (and ``VLLM_SERVER_DEV_MODE=1``) can move its
+weights to host memory and free the GPU (``POST /sleep?level=1``), then take them back
+in a fraction of a load's time (``POST /wake_up``). For a service with ``sleep: true``
+an eviction or idle unload first tries that; it falls back to a stop when the sleep
+call fails or host memory is too short to receive the weights.
+
+To the scheduler a sleeping service is *stopped*: its expected peak is no longer
+charged, and a request loads it again — which the orchestrator carries out as a wake.
+The little device memory a sleeper keeps (its CUDA context) stays visible to the
+device's free-memory ceiling, so admission never over-commits because of it; when a
+load waits for memory, sleepers are the first thing stopped. A sleeper is stopped for
+good after its service's ``idle_ttl`` of sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import psutil
+
+from service.adapters import vllm
+from service.clock import Clock
+from service.devices import DeviceProbe
+from service.domain import InstanceState
+from service.eventlog import EventLog
+from service.supervisor import wait_settled
+from service.units import format_size
+
+if TYPE_CHECKING:
+    from service.runtimes import ServiceRuntime
+
+S = InstanceState
+# Host memory kept free beyond the weights a sleep moves there.
+HOST_MARGIN = 1024**3
+# A sleep has released the device when the footprint is below this share of before.
+RELEASED_SHARE = 0.5
+
+
+class SleepMode:
+    def __init__(
+        self, *, events: EventLog, probe: DeviceProbe, clock: Clock, settle_timeout_s: float
+    ) -> None:
+        self._events = events
+        self._probe = probe
+        self._clock = clock
+        self._settle_timeout_s = settle_timeout_s
+        self.asleep_since: dict[str, float] = {}
+
+    async def try_sleep(self, rt: ServiceRuntime, reason: str) -> bool:
+        """Put ``rt`` to sleep and wait for its device memory to drop; False: stop it."""
+        if not rt.spec.sleep or rt.client is None:
+            return False
+        if rt.instance.state not in (S.READY, S.DRAINING):
+            return False
+        weights = rt.footprint
+        available = psutil.virtual_memory().available
+        if available < weights + HOST_MARGIN:
+            self._events.record(
+                "sleep-skipped",
+                f"{rt.name}: host memory too short to hold its weights while asleep "
+                f"({format_size(available)} available, {format_size(weights)} needed); "
+                "stopping it instead",
+                service=rt.name,
+            )
+            return False
+        started = time.monotonic()
+        if not await vllm.sleep(rt.client, level=1):
+            self._events.record(
+                "sleep-failed",
+                f"{rt.name}: the runtime refused to sleep; stopping it instead",
+                service=rt.name,
+            )
+            return False
+        if rt.instance.state not in (S.READY, S.DRAINING):
+            return False  # it died meanwhile: the supervisor has it
+        rt.instance.mark_sleeping(f"asleep instead of stopped: {reason}")
+        rt.watch = None  # its memory series ends here; waking starts a new one
+        self.asleep_since[rt.name] = self._clock.monotonic()
+        released = await self._released(rt, weights)
+        self._events.record(
+            "sleep",
+            f"{rt.name} is asleep ({reason}); device memory "
+            f"{'released' if released else 'not yet released'} after "
+            f"{time.monotonic() - started:.1f}s",
+            service=rt.name,
+            data={"weights_bytes": weights, "released": released},
+        )
+        return True
+
+    async def _released(self, rt: ServiceRuntime, before: int) -> bool:
+        pid = rt.instance.pid
+        if pid is None:
+            return True
+
+        async def dropped() -> bool:
+            reading = await asyncio.to_thread(self._probe.read, {rt.name: pid})
+            memory = reading.instances.get(rt.name)
+            return memory is None or memory.device_bytes <= before * RELEASED_SHARE
+
+        return await wait_settled(dropped, clock=self._clock, timeout_s=self._settle_timeout_s)
+
+    async def wake(self, rt: ServiceRuntime, reason: str) -> bool:
+        """Wake a sleeper for a request; False: it has to be stopped and loaded afresh."""
+        if rt.instance.state is not S.SLEEPING or rt.client is None:
+            return False
+        started = time.monotonic()
+        if not await vllm.wake_up(rt.client):
+            self._events.record(
+                "wake-failed",
+                f"{rt.name}: the runtime did not wake; loading it afresh",
+                service=rt.name,
+            )
+            return False
+        if rt.instance.state is not S.SLEEPING:
+            return False
+        self.asleep_since.pop(rt.name, None)
+        self._events.record(
+            "wake",
+            f"{rt.name} woken in {time.monotonic() - started:.2f}s ({reason})",
+            service=rt.name,
+        )
+        rt.instance.mark_awake(f"woken: {reason}")
+        return True
+
+    async def stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
+        """Stop a sleeping runtime for good (the scheduler already counts it stopped)."""
+        self.asleep_since.pop(rt.name, None)
+        if rt.instance.state is S.SLEEPING:
+            await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
+            await rt.close_client()
+
+    def overslept(self, runtimes: dict[str, ServiceRuntime]) -> list[ServiceRuntime]:
+        """Sleepers asleep longer than their service's idle_ttl."""
+        now = self._clock.monotonic()
+        return [
+            rt
+            for name, since in list(self.asleep_since.items())
+            if (rt := runtimes.get(name)) is not None
+            and rt.spec.idle_ttl
+            and now - since >= rt.spec.idle_ttl
+        ]
