@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test lint typecheck pytest bench clean db-upgrade
+.PHONY: run test test-real lint typecheck pytest bench bench-traces clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -34,6 +34,29 @@ typecheck: $(VENV)/.installed-dev
 
 pytest: $(VENV)/.installed-dev
 	$(BIN)/pytest
+
+BENCH_POLICY := bench/policies/ten-services
+BENCH_TRACES := a0.9-cv1 a0.9-cv4 a2.1-cv1 a2.1-cv4
+
+# Replays the committed traces against vramd's scheduler and the baselines
+# (docs/benchmarks.md); tables on stdout, JSON and Markdown in bench/out/.
+bench: $(VENV)/.installed-dev
+	@for t in $(BENCH_TRACES); do \
+	  $(BIN)/python -m bench.replay --policy $(BENCH_POLICY).yaml \
+	    --bench-data $(BENCH_POLICY).bench.yaml --trace bench/traces/$$t.jsonl \
+	    --json bench/out/$$t.json --markdown bench/out/$$t.md || exit 1; \
+	  $(BIN)/python -m bench.replay --policy $(BENCH_POLICY)-tiered.yaml \
+	    --bench-data $(BENCH_POLICY).bench.yaml --trace bench/traces/$$t.jsonl \
+	    --policies vramd,static \
+	    --json bench/out/$$t-tiered.json --markdown bench/out/$$t-tiered.md || exit 1; \
+	done
+
+# Regenerates the committed traces (deterministic: the same files every time).
+bench-traces: $(VENV)/.installed-dev
+	@for a in 0.9 2.1; do for cv in 1 4; do \
+	  $(BIN)/python -m bench.traces.generate --alpha $$a --cv $$cv --seed 1 \
+	    --duration 3600 --out bench/traces/a$$a-cv$$cv.jsonl || exit 1; \
+	done; done
 
 db-upgrade: $(VENV)/.installed
 	$(BIN)/vramd db upgrade --config $(CONFIG)

@@ -58,7 +58,9 @@ class StaticLeases:
     def resolve(self, model: str, route: str) -> str:
         return "bench"
 
-    async def acquire(self, service: str, *, request_id: str) -> Any:
+    async def acquire(
+        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+    ) -> Any:
         from service.proxy import Lease
 
         assert self.client is not None

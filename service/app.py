@@ -9,7 +9,6 @@ runtime before closing the database. Tests pass fakes for the injectable parts.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import admin, openai
+from service.api import admin, openai, ui
 from service.api.auth import AuthConfig, install_auth
 from service.api.deps import Daemon
 from service.api.errors import install_error_handlers
@@ -31,6 +30,7 @@ from service.policy_records import persist_policy
 from service.proxy import ProxyConfig
 from service.settings import Settings, server_address
 from service.store import open_store
+from service.store.lock import DatabaseLock
 from service.supervisor import ProcessLauncher
 
 log = logging.getLogger("vramd")
@@ -54,26 +54,6 @@ def _on_sighup(handler: Callable[[], None]) -> Callable[[], None]:
         loop.remove_signal_handler(signal.SIGHUP)
 
     return undo
-
-
-def refuse_unsafe_bind(host: str, policy: Policy) -> str | None:
-    """A message when listening on ``host`` would expose an unauthenticated API."""
-    if _is_loopback(host) or (policy.server.api_keys and policy.server.admin_keys):
-        return None
-    return (
-        f"refusing to listen on {host}: it is reachable from other machines, and "
-        "server.api_keys and server.admin_keys must both be set in the policy first "
-        "(or listen on 127.0.0.1)"
-    )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(
@@ -113,6 +93,8 @@ def create_app(
     app.include_router(admin.health_router)
     app.include_router(admin.router)
     app.include_router(openai.router)
+    app.include_router(ui.router)
+    app.include_router(ui.metrics_router)
     return app
 
 
@@ -127,7 +109,12 @@ async def _start_daemon(
     text = settings.config.read_text(encoding="utf-8")
     policy = load_policy(text)
     address = server_address(settings, policy)
-    store = open_store(address.database)
+    lock = DatabaseLock(address.database)
+    try:
+        store = open_store(address.database)
+    except BaseException:
+        lock.release()
+        raise
     try:
         with store.session() as session:
             version, is_new = persist_policy(
@@ -153,8 +140,10 @@ async def _start_daemon(
         await orchestrator.start()
     except BaseException:
         store.close()
+        lock.release()
         raise
     return Daemon(
+        lock=lock,
         settings=settings,
         store=store,
         probe=probe,
@@ -170,3 +159,4 @@ async def _stop_daemon(daemon: Daemon, *, own_probe: bool) -> None:
         if own_probe:
             daemon.probe.close()
         daemon.store.close()
+        daemon.lock.release()

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from service.errors import PolicyError, StoreError
 from service.policy import Policy, load_policy, policy_json_schema
-from service.settings import ClientSettings, Settings, server_address
+from service.settings import ClientSettings, Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
 app = typer.Typer(
@@ -102,7 +102,7 @@ def serve(
     """Run the daemon."""
     import uvicorn
 
-    from service.app import create_app, refuse_unsafe_bind
+    from service.app import create_app
 
     settings = _settings(config=config, host=host, port=port, db=db)
     policy, _ = read_policy_or_exit(settings.config)

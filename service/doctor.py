@@ -117,14 +117,16 @@ class Doctor:
         )
         if diagnosis.kind == "fragmented":
             self._flag(rt, "fragmented", f"{diagnosis.reason} ({source}: {text})")
+        # Incidents use the verdict names of DESIGN section 5 for loads and requests alike.
+        verdict = "fragmentation" if diagnosis.kind == "fragmented" else "capacity"
         incident = self.record_incident(
-            rt, kind="request", verdict=diagnosis.kind, summary=diagnosis.reason, oom_text=text
+            rt, kind="request", verdict=verdict, summary=diagnosis.reason, oom_text=text
         )
         self._events.record(
             "oom",
             f"{rt.name} reported out-of-memory ({source}): {diagnosis.kind}: {diagnosis.reason}",
             service=rt.name,
-            data={"incident": incident, "verdict": diagnosis.kind, "text": text},
+            data={"incident": incident, "verdict": verdict, "text": text},
         )
 
     def load_failed(self, rt: ServiceRuntime, error: str, *, retrying: bool) -> None:

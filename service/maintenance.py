@@ -25,6 +25,66 @@ from service.clock import Clock
 
 log = logging.getLogger("vramd.maintenance")
 
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def cron_trigger(expression: str, timezone: str = "UTC") -> CronTrigger:
+    """A five-field cron line as an APScheduler trigger, with cron's weekday numbers.
+
+    APScheduler numbers weekdays from Monday = 0; cron from Sunday = 0 (7 too). Handing
+    ``30 3 * * 0`` to ``CronTrigger.from_crontab`` would fire on Mondays, so the weekday
+    field is translated to names first. Raises ``ValueError`` for a malformed line.
+    Like APScheduler (and unlike Vixie cron), a restricted day-of-month AND day-of-week
+    must both match.
+    """
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"cron must have five fields (minute hour day month weekday), got {expression!r}"
+        )
+    minute, hour, day, month, weekday = fields
+    return CronTrigger(
+        minute=minute,
+        hour=hour,
+        day=day,
+        month=month,
+        day_of_week=cron_weekdays(weekday),
+        timezone=ZoneInfo(timezone),
+    )
+
+
+def cron_weekdays(field: str) -> str:
+    """Cron's weekday field (0/7 = Sunday, names, ranges, steps) as APScheduler names."""
+    days: set[int] = set()
+    for part in field.lower().split(","):
+        span, _, step_text = part.partition("/")
+        step = _number(step_text, 1, 7) if step_text else 1
+        if step < 1:
+            raise ValueError(f"invalid weekday step in {field!r}")
+        if span == "*":
+            first, last = 0, 6
+        else:
+            start, _, end = span.partition("-")
+            first = _weekday(start, field)
+            last = _weekday(end, field) if end else (6 if step_text else first)
+            if last < first:  # e.g. 5-0: Friday to Sunday (cron writes Sunday as 7 too)
+                last += 7
+        days.update(d % 7 for d in range(first, last + 1, step))
+    return ",".join(_WEEKDAYS[d] for d in sorted(days))
+
+
+def _weekday(text: str, field: str) -> int:
+    if text in _WEEKDAYS:
+        return _WEEKDAYS.index(text)
+    day = _number(text, 0, 7)
+    if day < 0:
+        raise ValueError(f"invalid weekday {text!r} in {field!r} (use 0-7 or sun..sat)")
+    return day
+
+
+def _number(text: str, low: int, high: int) -> int:
+    return int(text) if text.isdigit() and low <= int(text) <= high else -1
+
 
 @dataclass(frozen=True)
 class WindowSpec:
@@ -69,10 +129,30 @@ class Maintenance:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, windows: Iterable[WindowSpec]) -> None:
-        """Start APScheduler in the running event loop with jobs for ``windows``."""
+        """Start APScheduler in the running event loop with jobs for ``windows``.
+
+        A window that is open right now (the daemon started inside it) opens at once
+        for what is left of it.
+        """
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.start()
         self.configure(windows)
+        now = self._clock.now()
+        for spec in self._windows.values():
+            opened = self._opened_at(spec, now)
+            if opened is not None and opened <= now < opened + spec.duration_s:
+                self.open_window(spec.name, trigger="startup", opened_at=opened)
+
+    @staticmethod
+    def _opened_at(spec: WindowSpec, now: float) -> float | None:
+        """When the window's current (or latest) opening began, if it could be open now."""
+        if spec.start_at is not None:
+            return spec.start_at
+        if spec.cron is None:
+            return None
+        since = datetime.fromtimestamp(now - spec.duration_s, UTC)
+        fire = cron_trigger(spec.cron, spec.timezone).get_next_fire_time(None, since)
+        return float(fire.timestamp()) if fire is not None else None
 
     def shutdown(self) -> None:
         if self._scheduler is not None and self._scheduler.running:
@@ -104,7 +184,7 @@ class Maintenance:
     @staticmethod
     def _trigger(spec: WindowSpec, now: datetime) -> CronTrigger | DateTrigger | None:
         if spec.cron is not None:
-            return CronTrigger.from_crontab(spec.cron, timezone=ZoneInfo(spec.timezone))
+            return cron_trigger(spec.cron, spec.timezone)
         if spec.start_at is not None:
             start = datetime.fromtimestamp(spec.start_at, UTC)
             if start + timedelta(seconds=spec.duration_s) <= now:
@@ -147,15 +227,24 @@ class Maintenance:
     async def _fire(self, name: str) -> None:
         self.open_window(name, trigger="schedule")
 
-    def open_window(self, name: str, *, trigger: str) -> OpenWindow | None:
-        """Open ``name`` now for its duration (a no-op if it is already open)."""
+    def open_window(
+        self, name: str, *, trigger: str, opened_at: float | None = None
+    ) -> OpenWindow | None:
+        """Open ``name`` now until ``opened_at`` (default: now) plus its duration.
+
+        A no-op if it is already open. A one-off window that fires late (the daemon was
+        down at its start) still closes when it was meant to.
+        """
         spec = self._windows.get(name)
         if spec is None:
             raise KeyError(name)
         if name in self.open:
             return self.open[name]
         now = self._clock.now()
-        window = OpenWindow(spec, opened_at=now, closes_at=now + spec.duration_s, trigger=trigger)
+        if opened_at is None and spec.start_at is not None and trigger == "schedule":
+            opened_at = spec.start_at
+        start = now if opened_at is None else min(opened_at, now)
+        window = OpenWindow(spec, opened_at=now, closes_at=start + spec.duration_s, trigger=trigger)
         self.open[name] = window
         if self._scheduler is not None:
             self._scheduler.add_job(

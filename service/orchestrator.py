@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from service import __version__
 from service.adapters import find_oom
 from service.clock import Clock
 from service.devices import DeviceProbe
@@ -35,6 +36,7 @@ from service.errors import (
     InvalidRequest,
     ModelNotFound,
     PolicyError,
+    PolicyIssue,
     QueueFull,
     QueueTimeout,
     RequestRejected,
@@ -44,8 +46,9 @@ from service.errors import (
 )
 from service.eventlog import EventLog
 from service.maintenance import Maintenance, OpenWindow, WindowSpec
+from service.metrics import Metrics
 from service.policy import Policy, diff_policies, load_policy
-from service.policy_records import persist_policy
+from service.policy_records import persist_policy, window_conflicts
 from service.proxy import Lease
 from service.runtimes import ServiceRuntime, free_loopback_port, launch_args
 from service.sampling import Sampler
@@ -74,7 +77,7 @@ from service.scheduler import (
     WindowChanged,
     rules_from_policy,
 )
-from service.settings import Settings
+from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.sleeping import SleepMode
 from service.store import Store, queries
 from service.supervisor import (
@@ -129,7 +132,9 @@ class Orchestrator:
         launcher: ProcessLauncher | None = None,
     ) -> None:
         self.policy = policy
+        self._bind_host = server_address(settings, policy).host
         self.events = EventLog(store, clock)
+        self.metrics = Metrics(self.status, version=__version__, backend=probe.backend)
         self._store = store
         self._probe = probe
         self._clock = clock
@@ -327,7 +332,9 @@ class Orchestrator:
                     rt.instance.begin_draining(action.reason)
             case Stop():
                 rt = self.runtimes[action.service]
-                self._tasks.spawn(self._stop(rt, action.reason), f"stop {rt.name}")
+                self._tasks.spawn(
+                    self._stop(rt, action.reason, sleepable=action.sleepable), f"stop {rt.name}"
+                )
             case Note(kind="wait") if self.sleep.asleep_since:
                 # A load waits for memory: sleepers' leftovers are the cheapest to take.
                 for name in list(self.sleep.asleep_since):
@@ -372,6 +379,7 @@ class Orchestrator:
         waiter = self._waiters.pop(action.request_id, None)
         if waiter is None or waiter.future.done():
             return
+        self.metrics.request_done(waiter.service, action.code)
         error = _REJECTIONS.get(action.code, RuntimeFailed)
         waiter.future.set_exception(error(action.message, retry_after=action.retry_after))
         self.events.record(
@@ -400,6 +408,7 @@ class Orchestrator:
             log=ring,
             on_state=lambda inst, old, new, why: self._on_state(holder[0], old, new, why),
             restart_policy=restart,
+            restart_gate=lambda inst: self._restart_gate(holder[0]),
         )
         rt = ServiceRuntime(name=name, spec=spec, instance=instance, log=ring)
         holder.append(rt)
@@ -457,8 +466,31 @@ class Orchestrator:
                 on_spawned=spawned,
             )
 
-    async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
-        if rt.spec.sleep and not self._closing and await self.sleep.try_sleep(rt, reason):
+    async def _restart_gate(self, rt: ServiceRuntime) -> bool:
+        """Before a retry after an out-of-memory load: wait for the evicted to be gone.
+
+        ``MakeRoom`` asked every instance the load may evict to stop; retrying before
+        they have released their memory would fail again for the wrong reason and be
+        diagnosed as a capacity shortage.
+        """
+        if rt.oom_incident is None:
+            return True
+        going = ("draining", "stopping")  # until their memory has settled
+        slowest = max((other.spec.stop_timeout for other in self.runtimes.values()), default=0)
+        deadline = self._clock.monotonic() + slowest + self._settings.settle_timeout
+        while self._clock.monotonic() < deadline:
+            known = set(self._scheduler.service_names())
+            if not any(
+                self._scheduler.service_view(name).state in going
+                for name, other in self.runtimes.items()
+                if other is not rt and other.device == rt.device and name in known
+            ):
+                break
+            await self._clock.sleep(0.05)
+        return True
+
+    async def _stop(self, rt: ServiceRuntime, reason: str, *, sleepable: bool = False) -> None:
+        if sleepable and rt.spec.sleep and await self.sleep.try_sleep(rt, reason):
             self.feed(InstanceStopped(rt.name))  # to the scheduler, a sleeper is stopped
             return
         pids = rt.last_pids
@@ -499,7 +531,7 @@ class Orchestrator:
             rt.counters["restarts"] += 1
         if new is S.READY:
             assert inst.port is not None
-            cleared = rt.flags & INSTANCE_FLAGS
+            cleared = rt.flags & INSTANCE_FLAGS if old is S.STARTING else set()
             if cleared:
                 # Flags describe an instance; this one is new.
                 rt.flags -= cleared
@@ -514,6 +546,8 @@ class Orchestrator:
             if rt.oom_incident is not None:
                 self.doctor.verdict(rt, retry_succeeded=True)
             rt.last_load_s = inst.load_s
+            if inst.load_s is not None and old is S.STARTING:
+                self.metrics.load_done(rt.name, inst.load_s)
             self.sampler.record_ready(rt)
             self.feed(InstanceReady(rt.name))
         elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
@@ -544,6 +578,21 @@ class Orchestrator:
         (priorities, caps, queues, TTLs, windows) takes effect in place.
         """
         policy = load_policy(text)
+        unsafe = refuse_unsafe_bind(self._bind_host, policy)
+        if unsafe:
+            raise PolicyError(
+                [
+                    PolicyIssue(
+                        "server",
+                        f"vramd listens on {self._bind_host}, reachable from other machines: "
+                        "server.api_keys and server.admin_keys must both stay set",
+                    )
+                ]
+            )
+        with self._store.session() as session:
+            conflicts = window_conflicts(session, policy=policy)
+        if conflicts:
+            raise PolicyError(conflicts)
         diff = diff_policies(self.policy, policy)
         result: dict[str, Any] = {
             "dry_run": dry_run,
@@ -790,6 +839,7 @@ class Orchestrator:
         """The service that serves ``model``; 404 if none, 400 if it cannot serve ``route``."""
         name = self.policy.service_for_model(model)
         if name is None:
+            self.metrics.request_done("", "model_not_found")
             raise ModelNotFound(f"model {model!r} is not served here; see GET /v1/models")
         kind = self.policy.services[name].kind
         if route not in ROUTES_BY_KIND[kind]:
@@ -823,12 +873,15 @@ class Orchestrator:
             # The client went away. Withdraw the request; a load others wait for goes on.
             if self._waiters.pop(request_id, None) is not None:
                 self.feed(RequestCancelled(request_id))
+                self.metrics.request_done(service, "client_gone")
             elif future.done() and not future.cancelled() and future.exception() is None:
                 # Granted, but cancelled before the caller saw the lease: give it back.
                 self.feed(RequestFinished(request_id))
+                self.metrics.request_done(service, "client_gone")
             raise
 
     def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+        self.metrics.request_done(lease.service, outcome, queue_s=lease.queue_ms / 1000)
         rt = self.runtimes.get(lease.service)
         if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):
             rt.counters["requests_served"] += 1
@@ -859,6 +912,13 @@ class Orchestrator:
     async def load(self, name: str) -> dict[str, Any]:
         """Load a service (clears ``failed``) and wait until it is ready or refused."""
         rt = self.runtime(name)
+        if rt.spec.residency.value == "window-only" and name not in self.maintenance.allowed():
+            opens = self.maintenance.next_allowed_at().get(name)
+            wait = None if opens is None else max(0.0, opens - self._clock.now())
+            raise WindowClosed(
+                f"{name} runs only in a maintenance window that allows it; none is open",
+                retry_after=wait,
+            )
         rt.flags.discard("crash-looping")
         self.events.record("operator", f"load {name} requested", service=name)
         self.feed(LoadRequested(name))

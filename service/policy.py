@@ -252,17 +252,15 @@ class Policy(_Strict):
 
 def check_cron(expression: str) -> None:
     """Raise ``ValueError`` unless ``expression`` is a valid five-field cron line."""
-    fields = expression.split()
-    if len(fields) != 5:
-        raise ValueError(
-            f"cron must have five fields (minute hour day month weekday), got {expression!r}"
-        )
-    from apscheduler.triggers.cron import CronTrigger
+    from service.maintenance import cron_trigger
 
     try:
-        CronTrigger.from_crontab(expression, timezone="UTC")
+        cron_trigger(expression)
     except ValueError as exc:
-        raise ValueError(f"invalid cron {expression!r}: {exc}") from None
+        message = str(exc)
+        if message.startswith("cron must have"):
+            raise
+        raise ValueError(f"invalid cron {expression!r}: {message}") from None
 
 
 def placeholders_in(text: str) -> list[str]:

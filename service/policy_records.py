@@ -12,8 +12,23 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.errors import PolicyError, PolicyIssue
 from service.policy import Policy, Service, Window
 from service.store import queries
+
+
+def window_conflicts(session: Session, *, policy: Policy) -> list[PolicyIssue]:
+    """Policy windows named like a one-off window an operator created through the API."""
+    taken = {row.name for row in queries.list_windows(session) if row.origin == "api"}
+    return [
+        PolicyIssue(
+            f"maintenance.windows[{i}].name",
+            f"a one-off window named {window.name!r} was created through the API; delete "
+            f"it first (vramd windows rm {window.name}) or choose another name",
+        )
+        for i, window in enumerate(policy.maintenance.windows)
+        if window.name in taken
+    ]
 
 
 def policy_sha256(text: str) -> str:
@@ -26,8 +41,12 @@ def persist_policy(
     """Store ``text`` as the active version and write its rules; return (version, is_new).
 
     The same text again (same sha256 as the active version) keeps the active version and
-    rewrites nothing.
+    rewrites nothing. Raises ``PolicyError`` (nothing written) for a window whose name an
+    operator already gave a one-off window through the API.
     """
+    conflicts = window_conflicts(session, policy=policy)
+    if conflicts:
+        raise PolicyError(conflicts)
     sha = policy_sha256(text)
     active = queries.active_policy_version(session)
     if active is not None and active.sha256 == sha:

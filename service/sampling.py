@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from sqlalchemy.orm import Session
 
 from service.clock import Clock
 from service.devices import DeviceProbe
@@ -30,9 +31,24 @@ log = logging.getLogger("vramd.sampling")
 SLEEPING = InstanceState.SLEEPING
 
 DOWNSAMPLE_EVERY_S = 60.0
+# DESIGN: the learned peak is the highest footprint of the service's *recent* instances.
+RECENT_INSTANCES = 5
 # A new learned peak is persisted only when it grows by more than this fraction, so a
 # slowly warming cache does not write a row every second.
 LEARN_STEP = 0.01
+
+
+def recent_peak(session: Session, rt: ServiceRuntime) -> int | None:
+    """The highest peak of the service's last ``RECENT_INSTANCES`` instances, capped."""
+    peaks = [
+        row.peak_bytes
+        for row in queries.list_instances(session, service=rt.name, limit=RECENT_INSTANCES)
+        if row.peak_bytes
+    ]
+    if not peaks:
+        return rt.learned_peak
+    cap = rt.spec.memory.cap
+    return min(max(peaks), cap) if cap is not None else max(peaks)
 
 
 class Sampler:
@@ -214,6 +230,13 @@ class Sampler:
                 reason=reason,
                 peak_bytes=rt.peak or None,
             )
+            learned = recent_peak(session, rt)
+            if learned == rt.learned_peak:
+                return
+            rt.learned_peak = learned
+            queries.update_stats(session, service=rt.name, learned_peak_bytes=learned)
+        # The learned peak follows recent instances, so one old spike is forgotten.
+        self._orc.feed(LearnedChanged(rt.name, Learned(learned, rt.learned_load_s)))
 
     def flush_counters(self) -> None:
         """Persist the in-memory counters and flags (kept off the request path)."""

@@ -8,6 +8,7 @@ policy file > default.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +63,23 @@ def server_address(settings: Settings, policy: Policy) -> ServerAddress:
         port=settings.port or policy.server.port,
         database=settings.db or Path(policy.server.database),
     )
+
+
+def refuse_unsafe_bind(host: str, policy: Policy) -> str | None:
+    """A message when listening on ``host`` would expose an unauthenticated API."""
+    if _is_loopback(host) or (policy.server.api_keys and policy.server.admin_keys):
+        return None
+    return (
+        f"refusing to listen on {host}: it is reachable from other machines, and "
+        "server.api_keys and server.admin_keys must both be set in the policy first "
+        "(or listen on 127.0.0.1)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -189,3 +189,17 @@ def test_daemon_with_no_services_serves(tmp_path: Path) -> None:
     with running_daemon(policy_yaml({}), tmp_path) as daemon:
         assert daemon.get("/healthz").json()["status"] == "ok"
         assert daemon.get("/api/services").json() == []
+
+
+def test_a_second_daemon_on_the_same_database_is_refused(tmp_path: Path) -> None:
+    with running_daemon(policy_yaml({"chat": PINNED}), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
+        pid = daemon.service("chat")["pid"]
+        second = start_daemon(tmp_path, ready=False)
+        try:
+            assert second.proc.wait(30) != 0
+        finally:
+            stop_daemon(second)
+        assert "is in use by another vramd" in second.output()
+        assert alive(pid), "the first daemon's runtime was not taken for an orphan"
+        assert daemon.service("chat")["pid"] == pid

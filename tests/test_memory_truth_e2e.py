@@ -131,7 +131,7 @@ def test_oom_with_free_memory_is_fragmentation_and_leaves_an_incident(tmp_path: 
         daemon.wait_for(lambda: "fragmented" in daemon.service("chat")["flags"])
         incidents = daemon.get("/api/incidents").json()["incidents"]
         assert incidents and incidents[0]["kind"] == "request"
-        assert incidents[0]["verdict"] == "fragmented"
+        assert incidents[0]["verdict"] == "fragmentation"
         detail = daemon.get(f"/api/incidents/{incidents[0]['id']}").json()["data"]
         assert detail["devices"][0]["total_bytes"] > 0
         assert "chat" in detail["instances"]

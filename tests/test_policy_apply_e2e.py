@@ -6,7 +6,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from support.daemon import Daemon, demo_command, policy_yaml, running_daemon
+from support.daemon import (
+    Daemon,
+    demo_command,
+    policy_yaml,
+    running_daemon,
+    start_daemon,
+    stop_daemon,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +131,33 @@ def test_sighup_rereads_the_policy_file(tmp_path: Path) -> None:
         daemon.wait_for(lambda: bool(daemon.events(kind="policy-error")))
         assert daemon.get("/api/policy").json()["version"] == v1 + 1
         assert daemon.proc.poll() is None
+
+
+def test_keys_cannot_be_removed_while_listening_beyond_loopback(tmp_path: Path) -> None:
+    keys = "server:\n  api_keys: [sk-inference-1]\n  admin_keys: [sk-admin-123]\n"
+    (tmp_path / "policy.yaml").write_text(policy_yaml({"chat": CHAT}, extra=keys))
+    daemon = start_daemon(tmp_path, host="0.0.0.0")
+    try:
+        admin = {"Authorization": "Bearer sk-admin-123"}
+        response = daemon.post("/api/policy", content=policy_yaml({"chat": CHAT}), headers=admin)
+        assert response.status_code == 422
+        assert "must both stay set" in response.json()["errors"][0]["message"]
+        assert daemon.get("/api/services").status_code == 401  # still guarded
+    finally:
+        stop_daemon(daemon)
+
+
+def test_a_window_named_like_an_api_window_is_a_422_not_a_500(tmp_path: Path) -> None:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+        made = daemon.post(
+            "/api/maintenance",
+            json={"name": "fix", "start": "2099-01-01T00:00:00Z", "duration": "1m"},
+        )
+        assert made.status_code == 201
+        clash = policy_yaml(
+            {"chat": CHAT},
+            extra='maintenance:\n  windows:\n    - {name: fix, cron: "0 4 * * *", duration: 1h}\n',
+        )
+        response = daemon.post("/api/policy", content=clash)
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["path"] == "maintenance.windows[0].name"

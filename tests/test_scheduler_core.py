@@ -1007,3 +1007,27 @@ def test_make_room_evicts_everything_the_failed_load_may_evict() -> None:
     notes = [a for a in actions if isinstance(a, Note) and a.kind == "evict"]
     assert notes and notes[0].data["victims"] == ["low"]
     assert world.sched.service_view("big").state == "starting"  # its retry is still due
+
+
+def test_only_stops_that_make_room_are_sleepable() -> None:
+    """Evictions and idle unloads may sleep a runtime; an operator's unload may not."""
+    world = World(
+        rule("a", ON_DEMAND, priority=100, mib=600, idle_ttl_s=10.0),
+        rule("b", ON_DEMAND, priority=200, mib=600),
+    )
+    world.request("r1", "a", at=0.0)
+    world.ready("a", at=1.0)
+    world.finish("r1", at=1.5)
+    evicted = [a for a in world.request("r2", "b", at=2.0) if isinstance(a, Stop)]
+    assert evicted and all(stop.sleepable for stop in evicted)
+    world.stopped("a", at=3.0)
+    world.ready("b", at=4.0)
+    world.finish("r2", at=4.5)
+    unloads = [a for a in world.send(UnloadRequested("b"), at=5.0) if isinstance(a, Stop)]
+    assert unloads and not any(stop.sleepable for stop in unloads)
+    world.stopped("b", at=6.0)
+    world.request("r3", "a", at=7.0)
+    world.ready("a", at=8.0)
+    world.finish("r3", at=8.5)
+    idle = [a for a in world.send(Tick(), at=19.0) if isinstance(a, Stop)]
+    assert idle and all(stop.sleepable for stop in idle)

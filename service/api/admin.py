@@ -17,6 +17,7 @@ from service import __version__
 from service.api.auth import require_admin_key
 from service.api.deps import DaemonDep, OrchestratorDep, StoreDep
 from service.api.errors import error_response
+from service.api.openai import read_body
 from service.errors import InvalidRequest, PolicyError
 from service.policy import NAME_PATTERN
 from service.store import queries
@@ -25,6 +26,7 @@ from service.units import parse_duration
 # /healthz stays open (load balancers, systemd, Docker health checks); /api needs the
 # admin key when the policy sets admin_keys.
 health_router = APIRouter()
+MAX_POLICY_BYTES = 1024**2  # a policy is a few kilobytes; this only stops abuse
 router = APIRouter(dependencies=[Depends(require_admin_key)])
 
 
@@ -82,7 +84,7 @@ async def apply_policy(
     dry_run: bool = False,
 ) -> dict[str, Any] | JSONResponse:
     """Apply a policy (YAML body): 422 with every error and nothing changed if invalid."""
-    body = await request.body()
+    body = await read_body(request, MAX_POLICY_BYTES, "the policy size limit")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

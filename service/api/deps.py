@@ -15,6 +15,7 @@ from service.devices import DeviceProbe
 from service.orchestrator import Orchestrator
 from service.settings import Settings
 from service.store import Store
+from service.store.lock import DatabaseLock
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Daemon:
     probe: DeviceProbe
     clock: Clock
     orchestrator: Orchestrator
+    lock: DatabaseLock
 
 
 def get_daemon(request: Request) -> Daemon:

@@ -6,6 +6,7 @@ client can usefully try again later. One function builds it so no route invents 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -15,6 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import RequestRejected
+
+log = logging.getLogger("vramd.api")
 
 
 def error_response(
@@ -74,6 +77,17 @@ def install_error_handlers(app: FastAPI) -> None:
         )
         return error_response(400, "invalid_request", problems or "invalid request")
 
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug in vramd: still an OpenAI-shaped answer; the traceback goes to the log.
+        log.error("unhandled error answering a request", exc_info=exc)
+        return error_response(
+            500,
+            "internal_error",
+            f"internal error in vramd ({type(exc).__name__}); see the daemon log",
+            error_type="server_error",
+        )
+
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(RequestRejected, on_rejected)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)

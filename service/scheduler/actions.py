@@ -37,11 +37,16 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """``drain=True``: take no new requests. ``drain=False``: terminate the process now."""
+    """``drain=True``: take no new requests. ``drain=False``: terminate the process now.
+
+    ``sleepable``: the stop only makes room (an eviction, an idle unload), so a runtime
+    with a sleep mode may sleep instead. Restarts, unloads and removals really stop.
+    """
 
     service: str
     reason: str
     drain: bool
+    sleepable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,13 +130,17 @@ class Book:
         svc.last_used = self.now
         self.out.append(Grant(request_id, svc.name))
 
-    def stop(self, svc: ServiceState, reason: str) -> None:
-        """Begin stopping: drain a ready instance, terminate a starting one."""
+    def stop(self, svc: ServiceState, reason: str, *, sleepable: bool = False) -> None:
+        """Begin stopping: drain a ready instance, terminate a starting one.
+
+        ``sleepable`` marks a stop that only makes room (see ``actions.Stop``).
+        """
+        svc.stop_sleepable = sleepable
         if svc.state is S.READY:
             svc.state = S.DRAINING
             svc.stop_reason = reason
             svc.drain_deadline = self.now + svc.rule.stop_timeout_s
-            self.out.append(Stop(svc.name, reason, drain=True))
+            self.out.append(Stop(svc.name, reason, drain=True, sleepable=svc.stop_sleepable))
             if not svc.in_flight:
                 self.terminate(svc, f"{reason}; nothing in flight")
         elif svc.state is S.STARTING:
@@ -146,7 +150,7 @@ class Book:
     def terminate(self, svc: ServiceState, reason: str) -> None:
         svc.state = S.STOPPING
         svc.drain_deadline = None
-        self.out.append(Stop(svc.name, reason, drain=False))
+        self.out.append(Stop(svc.name, reason, drain=False, sleepable=svc.stop_sleepable))
 
     def release(self, svc: ServiceState) -> None:
         """The instance is gone: its memory is free now, even before the next sample."""

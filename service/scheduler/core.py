@@ -254,7 +254,9 @@ class Scheduler:
             idle_s = _expired_idle(svc, now)
             if idle_s is not None:
                 ttl = format_duration(rule.idle_ttl_s)
-                book.stop(svc, f"idle for {format_duration(idle_s)} (idle_ttl {ttl})")
+                book.stop(
+                    svc, f"idle for {format_duration(idle_s)} (idle_ttl {ttl})", sleepable=True
+                )
 
     def _on_window(self, event: WindowChanged) -> None:
         book = self._book
@@ -326,7 +328,7 @@ class Scheduler:
             victims=names,
         )
         for victim in victims:
-            book.stop(victim, f"evicted to make room for {svc.name}'s retry")
+            book.stop(victim, f"evicted to make room for {svc.name}'s retry", sleepable=True)
 
     def _on_restart(self, event: RestartRequested) -> None:
         svc = self._book.services.get(event.service)

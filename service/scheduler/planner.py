@@ -125,7 +125,7 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     )
     reason = f"evicted for {svc.name} (priority {svc.rule.priority}, needs {format_size(need)})"
     for victim in decision.victims:
-        book.stop(book.services[victim.name], reason)
+        book.stop(book.services[victim.name], reason, sleepable=True)
 
 
 def _restart(book: Book, svc: ServiceState) -> None:

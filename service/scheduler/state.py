@@ -73,6 +73,7 @@ class ServiceState:
     loaded_for: frozenset[str] = frozenset()
     drain_deadline: float | None = None
     stop_reason: str = ""
+    stop_sleepable: bool = False
     claimed_by: str | None = None
     plan: Plan | None = None
     # A one-shot reason to load without a request: "preload", "load requested".

@@ -147,6 +147,7 @@ def start_daemon(
     port: int | None = None,
     ready: bool = True,
     env: dict[str, str] | None = None,
+    host: str | None = None,
 ) -> Daemon:
     """Start ``vramd serve`` on ``workdir/policy.yaml`` (the caller stops it).
 
@@ -165,6 +166,7 @@ def start_daemon(
             str(port),
             "--db",
             str(workdir / "vramd.db"),
+            *(["--host", host] if host else []),
         ],
         cwd=REPO_ROOT,
         stdout=log,

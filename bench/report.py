@@ -1,0 +1,147 @@
+"""The tables ``bench.replay`` prints (rich) and writes (Markdown), from its JSON report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+CODE_ABBREV = {
+    "queue_full": "full",
+    "queue_timeout": "timeout",
+    "insufficient_capacity": "capacity",
+    "runtime_failed": "failed",
+    "model_not_found": "unknown",
+    "window_closed": "window",
+}
+
+MAIN_COLUMNS = (
+    "policy",
+    "served",
+    "refused",
+    "OOM loads / reqs",
+    "cold starts",
+    "GiB loaded",
+    "p50 s",
+    "p99 s",
+    "queue p50",
+    "queue p99",
+    "SLO",
+    "mem avg",
+)
+CLASS_COLUMNS = (
+    "policy",
+    "priority",
+    "requests",
+    "served",
+    "refused",
+    "OOM",
+    "p50 s",
+    "p99 s",
+    "SLO",
+)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _refused(fig: Mapping[str, Any]) -> str:
+    total = fig["refused_total"]
+    if not total:
+        return "0"
+    parts = ", ".join(f"{CODE_ABBREV.get(c, c)} {n}" for c, n in fig["refused"].items())
+    return f"{total} ({parts})"
+
+
+def main_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, fig in report["policies"].items():
+        served = f"{fig['served']}/{fig['requests']}"
+        if fig["killed"]:
+            served += f" ({fig['killed']} killed)"
+        if fig["unfinished"]:
+            served += f" ({fig['unfinished']} unfinished)"
+        rows.append(
+            [
+                name,
+                served,
+                _refused(fig),
+                f"{fig['oom_loads']} / {fig['failed_oom']}",
+                str(fig["cold_starts"]),
+                _num(fig["gb_loaded"]),
+                _num(fig["latency_s"]["p50"]),
+                _num(fig["latency_s"]["p99"]),
+                _num(fig["queue_s"]["p50"]),
+                _num(fig["queue_s"]["p99"]),
+                _pct(fig["slo_attainment"]),
+                _pct(fig["mem_avg_fraction"]),
+            ]
+        )
+    return rows
+
+
+def class_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, fig in report["policies"].items():
+        for priority, cls in fig["by_priority"].items():
+            rows.append(
+                [
+                    name,
+                    priority,
+                    str(cls["requests"]),
+                    str(cls["served"]),
+                    _refused(cls),
+                    str(cls["failed_oom"]),
+                    _num(cls["latency_s"]["p50"]),
+                    _num(cls["latency_s"]["p99"]),
+                    _pct(cls["slo_attainment"]),
+                ]
+            )
+    return rows
+
+
+def title(report: Mapping[str, Any]) -> str:
+    return (
+        f"{report['trace']}: {report['requests']} requests over {report['horizon_s']:.0f} s, "
+        f"{report['device']['plan_bytes'] / 1024**3:g} GiB to plan with on a "
+        f"{report['device']['total_bytes'] / 1024**3:g} GiB device"
+    )
+
+
+def print_report(report: Mapping[str, Any], console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log or a pipe: do not squeeze into 80 columns
+            console = Console(width=170)
+    for columns, rows, caption in (
+        (MAIN_COLUMNS, main_rows(report), title(report)),
+        (CLASS_COLUMNS, class_rows(report), "per priority class"),
+    ):
+        table = Table(title=caption, title_justify="left")
+        for i, column in enumerate(columns):
+            table.add_column(column, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def markdown(report: Mapping[str, Any], *, per_class: bool = True) -> str:
+    def table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+        lines = ["| " + " | ".join(columns) + " |"]
+        lines.append("|" + "|".join(["---"] + ["--:"] * (len(columns) - 1)) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return lines
+
+    out = [f"**{title(report)}**", ""]
+    out += table(MAIN_COLUMNS, main_rows(report))
+    if per_class:
+        out += ["", "Per priority class:", ""]
+        out += table(CLASS_COLUMNS, class_rows(report))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,209 @@
+"""What a run records and the figures it reports (the keys of ``--json``).
+
+Every request ends in exactly one outcome: ``served``, ``refused`` (with the error code a
+client would see) or ``failed`` (``oom``: the load it waited for ran out of memory, or a
+crash-looping service refused it for that reason; ``killed``: its runtime was stopped
+under it). A request still open when the run ends is reported as ``unfinished``.
+
+Per run (and per priority class and per service, for the request figures):
+
+- ``latency_s``: arrival to last byte, p50/p99 over served requests;
+  ``queue_s``: arrival to the moment a runtime slot took it.
+- ``slo_attainment``: the fraction of *all* requests served within
+  ``5 x duration_s + load_s`` of their service (its load time counted once);
+  refused and failed requests miss it.
+- ``cold_starts``: runtime loads started (retries after a failure included);
+  ``cold_requests``: served requests that waited for a load (the runtime that served
+  them became ready after they arrived);
+  ``gb_loaded``: GiB of true peaks those loads brought in.
+- ``oom_loads``: loads that ran out of memory on the device.
+- ``mem_avg_fraction``: memory really held, averaged over the trace (0 to its last
+  arrival), as a fraction of ``plan_bytes`` (what vramd hands out on this device).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.sim.setup import GIB, Setup
+from bench.sim.trace import TraceRequest
+
+SLO_FACTOR = 5.0
+
+REQUEST_KEYS = (
+    "requests",
+    "served",
+    "refused",
+    "refused_total",
+    "failed_oom",
+    "killed",
+    "unfinished",
+    "latency_s",
+    "queue_s",
+    "slo_attainment",
+)
+RUN_KEYS = (
+    *REQUEST_KEYS,
+    "cold_starts",
+    "cold_requests",
+    "gb_loaded",
+    "oom_loads",
+    "evictions",
+    "mem_avg_fraction",
+    "by_priority",
+    "by_service",
+)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    req: TraceRequest
+    service: str | None
+    priority: int | None
+    outcome: str = "pending"
+    code: str | None = None
+    granted_at: float | None = None
+    finished_at: float | None = None
+    cold: bool = False
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.req.t
+
+    @property
+    def queued(self) -> float | None:
+        return None if self.granted_at is None else self.granted_at - self.req.t
+
+
+class Recorder:
+    """The outcome of every request and the counters of one run; ``events`` is the
+    decision log (load, evict, reject) that ``--live`` compares with a real daemon's."""
+
+    def __init__(self, setup: Setup, trace: Sequence[TraceRequest]) -> None:
+        self.setup = setup
+        self.records: dict[str, RequestRecord] = {}
+        for req in trace:
+            svc = setup.service_of(req.model)
+            prio = setup.services[svc].priority if svc is not None else None
+            self.records[req.id] = RequestRecord(req, svc, prio)
+        self.unresolved = len(self.records)
+        self.loads = 0
+        self.loads_by_service: dict[str, int] = {}
+        self.oom_loads = 0
+        self.bytes_loaded = 0
+        self.evictions = 0
+        self.events: list[dict[str, Any]] = []
+
+    # ----------------------------------------------------------- requests
+
+    def granted(self, rid: str, now: float, *, ready_since: float) -> None:
+        """A runtime that has been ready since ``ready_since`` took the request."""
+        rec = self.records[rid]
+        rec.granted_at = now
+        rec.cold = ready_since > rec.req.t
+
+    def served(self, rid: str, now: float) -> None:
+        rec = self._resolve(rid, "served", None)
+        rec.finished_at = now
+
+    def refused(self, rid: str, code: str, now: float) -> None:
+        self._resolve(rid, "refused", code)
+        self.event(now, "reject", self.records[rid].service, code=code)
+
+    def failed(self, rid: str, reason: str, now: float) -> None:
+        self._resolve(rid, "failed", reason)
+
+    def _resolve(self, rid: str, outcome: str, code: str | None) -> RequestRecord:
+        rec = self.records[rid]
+        assert rec.outcome == "pending", f"{rid} resolved twice ({rec.outcome}, {outcome})"
+        rec.outcome, rec.code = outcome, code
+        self.unresolved -= 1
+        return rec
+
+    # ----------------------------------------------------------- runtimes
+
+    def load(self, service: str, now: float, **data: Any) -> None:
+        self.loads += 1
+        self.loads_by_service[service] = self.loads_by_service.get(service, 0) + 1
+        self.bytes_loaded += self.setup.services[service].bench.true_peak
+        self.event(now, "load", service, **data)
+
+    def oom(self, service: str, now: float) -> None:
+        self.oom_loads += 1
+        self.event(now, "oom", service)
+
+    def evicted(self, victims: Iterable[str], now: float, *, for_service: str | None) -> None:
+        names = sorted(victims)
+        self.evictions += len(names)
+        self.event(now, "evict", for_service, victims=names)
+
+    def event(self, now: float, kind: str, service: str | None, **data: Any) -> None:
+        self.events.append({"t": round(now, 6), "kind": kind, "service": service, "data": data})
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str, Any]:
+    served = [r for r in records if r.outcome == "served"]
+    latencies = [r.latency for r in served if r.latency is not None]
+    queued = [r.queued for r in served if r.queued is not None]
+    refused = Counter(r.code or "?" for r in records if r.outcome == "refused")
+    met = 0
+    for r in served:
+        load_s = setup.services[r.service].bench.load_s if r.service else 0.0
+        if r.latency is not None and r.latency <= SLO_FACTOR * r.req.duration_s + load_s + 1e-9:
+            met += 1
+    return {
+        "requests": len(records),
+        "served": len(served),
+        "refused": dict(sorted(refused.items())),
+        "refused_total": sum(refused.values()),
+        "failed_oom": sum(1 for r in records if r.outcome == "failed" and r.code == "oom"),
+        "killed": sum(1 for r in records if r.outcome == "failed" and r.code == "killed"),
+        "unfinished": sum(1 for r in records if r.outcome == "pending"),
+        "latency_s": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
+        "queue_s": {"p50": percentile(queued, 0.5), "p99": percentile(queued, 0.99)},
+        "slo_attainment": met / len(records) if records else None,
+    }
+
+
+def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str, Any]:
+    """The figures of one run (``RUN_KEYS``), JSON-ready."""
+    records = list(rec.records.values())
+    out = _request_figures(records, rec.setup)
+    out["cold_starts"] = rec.loads
+    out["cold_requests"] = sum(1 for r in records if r.cold and r.outcome == "served")
+    out["gb_loaded"] = round(rec.bytes_loaded / GIB, 3)
+    out["oom_loads"] = rec.oom_loads
+    out["evictions"] = rec.evictions
+    denominator = horizon * rec.setup.plan_bytes
+    out["mem_avg_fraction"] = byte_seconds / denominator if denominator > 0 else None
+    classes: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.priority is not None:
+            classes.setdefault(r.priority, []).append(r)
+    out["by_priority"] = {
+        str(p): _request_figures(classes[p], rec.setup) for p in sorted(classes, reverse=True)
+    }
+    services: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.service is not None:
+            services.setdefault(r.service, []).append(r)
+    out["by_service"] = {}
+    for name in rec.setup.services:
+        figures = _request_figures(services.get(name, []), rec.setup)
+        figures["cold_starts"] = rec.loads_by_service.get(name, 0)
+        out["by_service"][name] = figures
+    return out

@@ -1,0 +1,281 @@
+"""vramd itself: the daemon's own scheduler core (``service.scheduler``), not a copy.
+
+This module plays the orchestrator's part on the virtual clock. It turns what happens
+on the simulated device into the events the real daemon feeds, and carries out the
+actions that come back:
+
+- time 0: a memory sample, then ``PolicyChanged`` (as ``Orchestrator.start`` does);
+  then a ``Tick`` every 0.2 s and a ``MemorySampled`` every ``device.sample_interval``,
+  plus one after every instance change (ready, failed, stopped).
+- ``Start``: the runtime starts loading (``SimDevice.place``). After ``load_s`` it is
+  ready (``LearnedChanged`` with its load time, then ``InstanceReady``); if its true peak
+  does not fit it fails with out of memory, and the supervisor's own restart rules
+  (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` and a
+  retry, or ``InstanceFailed``. As ``service.doctor`` does, the first out-of-memory of
+  a retry chain is preceded by ``MakeRoom`` (evict everything evictable before the
+  retry); the next one closes that incident without another ``MakeRoom``.
+- ``Stop(drain=True)``: nothing to do here (the scheduler stops granting).
+  ``Stop(drain=False)``: the process is terminated; ``InstanceStopped`` after
+  ``unload_s``, when its memory is gone (the settle barrier). Requests still in flight
+  on it fail (``killed``).
+- ``Grant``: the request is served for its ``duration_s``, then ``RequestFinished``.
+  ``Reject``: refused with its code. ``Note(evict)``: counted.
+- Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
+  raises the learned peak (``LearnedChanged``), as ``service.sampling`` does.
+
+Simplified away: the settle barrier's probe polling (memory is gone exactly at
+``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
+should keep true peaks under ``memory.cap``), crashes of ready runtimes, maintenance
+windows and operator loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.sim.harness import System, World
+from bench.sim.trace import TraceRequest
+from service.scheduler import (
+    RUNTIME_FAILED,
+    Action,
+    DeviceReading,
+    Event,
+    Grant,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    Learned,
+    LearnedChanged,
+    MakeRoom,
+    MemorySampled,
+    Note,
+    PolicyChanged,
+    Reject,
+    RequestArrived,
+    RequestFinished,
+    Scheduler,
+    Start,
+    Stop,
+    Tick,
+)
+from service.supervisor.backoff import RestartPolicy, RestartTracker
+
+TICK_S = 0.2  # the orchestrator's tick (service.orchestrator.TICK_S)
+LEARN_STEP = 0.01  # service.sampling.LEARN_STEP
+OOM_ERROR = "CUDA error: out of memory"
+
+
+@dataclass(slots=True)
+class Proc:
+    """The simulated process of one service: what the supervisor would know."""
+
+    phase: str = "gone"  # loading | ready | backoff | stopping | gone
+    gen: int = 0  # bumped whenever a pending callback must be ignored
+    peak: int = 0  # highest footprint of this instance
+    ready_since: float = 0.0
+    in_flight: set[str] = field(default_factory=set)
+    oom_incident: bool = False  # an out-of-memory load whose retry has not concluded
+
+
+class Vramd(System):
+    name = "vramd"
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world)
+        self.scheduler = Scheduler(self.setup.rules, self.setup.device_rule)
+        policy = self.setup.policy
+        self.procs = {name: Proc() for name in self.setup.services}
+        self.trackers = {
+            name: RestartTracker(
+                RestartPolicy(
+                    max_retries=svc.restart.max_retries,
+                    backoff_s=svc.restart.backoff,
+                    max_backoff_s=max(svc.restart.max_backoff, svc.restart.backoff),
+                )
+            )
+            for name, svc in policy.services.items()
+        }
+        self.learned_peak: dict[str, int | None] = dict.fromkeys(self.setup.services)
+        self.learned_load: dict[str, float | None] = dict.fromkeys(self.setup.services)
+        self.gave_up_oom: set[str] = set()
+        self.requests: dict[str, TraceRequest] = {}
+        self.sample_interval = policy.device.sample_interval
+        self.notes: dict[str, int] = {}
+
+    # --------------------------------------------------------------- the clock
+
+    def begin(self) -> None:
+        self._sample()
+        self._feed(PolicyChanged(self.setup.rules, self.setup.device_rule))
+        self.clock.after(TICK_S, self._tick)
+        self.clock.after(self.sample_interval, self._periodic_sample)
+
+    def _tick(self) -> None:
+        if self.world.done:
+            return
+        self._feed(Tick())
+        self.clock.after(TICK_S, self._tick)
+
+    def _periodic_sample(self) -> None:
+        if self.world.done:
+            return
+        self._sample()
+        self.clock.after(self.sample_interval, self._periodic_sample)
+
+    def arrive(self, req: TraceRequest, service: str) -> None:
+        self.requests[req.id] = req
+        self._feed(RequestArrived(req.id, service))
+
+    # --------------------------------------------------------------- the pump
+
+    def _feed(self, event: Event) -> None:
+        for action in self.scheduler.handle(event, self.clock.now):
+            self._act(action)
+
+    def _act(self, action: Action) -> None:
+        now = self.clock.now
+        match action:
+            case Start():
+                self.trackers[action.service].reset()
+                self._spawn(action.service, action.reason)
+            case Stop(drain=False):
+                self._terminate(action.service)
+            case Stop():
+                pass
+            case Grant():
+                proc = self.procs[action.service]
+                assert proc.phase == "ready", f"grant on {action.service} in {proc.phase}"
+                proc.in_flight.add(action.request_id)
+                self.rec.granted(action.request_id, now, ready_since=proc.ready_since)
+                duration = self.requests[action.request_id].duration_s
+                self.clock.after(
+                    duration, self._finish, action.request_id, action.service, proc.gen
+                )
+            case Reject():
+                if action.code == RUNTIME_FAILED and action.service in self.gave_up_oom:
+                    self.rec.failed(action.request_id, "oom", now)
+                    self.rec.event(now, "reject", action.service, code=action.code)
+                else:
+                    self.rec.refused(action.request_id, action.code, now)
+            case Note():
+                self.notes[action.kind] = self.notes.get(action.kind, 0) + 1
+                if action.kind == "evict":
+                    victims = [str(v) for v in action.data.get("victims", [])]
+                    self.rec.evicted(victims, now, for_service=action.service)
+
+    # --------------------------------------------------------------- the runtimes
+
+    def _spawn(self, service: str, reason: str) -> None:
+        proc, bench, now = self.procs[service], self.setup.services[service].bench, self.clock.now
+        proc.gen += 1
+        proc.phase = "loading"
+        proc.peak = 0
+        self.rec.load(service, now, reason=reason)
+        fail_at = self.device.place(service, now, bench.true_peak, bench.load_s)
+        if fail_at is None:
+            self.clock.after(bench.load_s, self._ready, service, proc.gen)
+        else:
+            self.clock.at(fail_at, self._out_of_memory, service, proc.gen)
+
+    def _ready(self, service: str, gen: int) -> None:
+        proc = self.procs[service]
+        if proc.gen != gen or proc.phase != "loading":
+            return
+        proc.phase = "ready"
+        proc.ready_since = self.clock.now
+        proc.oom_incident = False
+        self.trackers[service].on_ready(self.clock.now)
+        load_s = self.setup.services[service].bench.load_s
+        old = self.learned_load[service]
+        self.learned_load[service] = load_s if old is None else 0.7 * old + 0.3 * load_s
+        self._feed(LearnedChanged(service, self._learned(service)))
+        self._feed(InstanceReady(service))
+        self._sample()
+
+    def _out_of_memory(self, service: str, gen: int) -> None:
+        proc, now = self.procs[service], self.clock.now
+        if proc.gen != gen or proc.phase != "loading":
+            return
+        self.device.remove(service, now)
+        self.rec.oom(service, now)
+        decision = self.trackers[service].on_failure(now)
+        first_of_chain = not proc.oom_incident
+        proc.oom_incident = first_of_chain and decision.retry
+        if decision.retry:
+            proc.phase = "backoff"
+            if first_of_chain:
+                self._feed(MakeRoom(service, "its load failed with out-of-memory"))
+            self._feed(InstanceBackoff(service, OOM_ERROR))
+            self.clock.after(decision.delay_s, self._retry, service, proc.gen)
+        else:
+            proc.phase = "gone"
+            self.gave_up_oom.add(service)
+            self._feed(InstanceFailed(service, f"{OOM_ERROR} (gave up)"))
+        self._sample()
+
+    def _retry(self, service: str, gen: int) -> None:
+        proc = self.procs[service]
+        if proc.gen == gen and proc.phase == "backoff":
+            self._spawn(service, "restart after backoff")
+
+    def _terminate(self, service: str) -> None:
+        proc, now = self.procs[service], self.clock.now
+        if proc.phase in ("gone", "stopping"):
+            return
+        was = proc.phase
+        proc.gen += 1
+        proc.phase = "stopping"
+        for rid in sorted(proc.in_flight):
+            self.rec.failed(rid, "killed", now)
+        proc.in_flight.clear()
+        if was == "backoff":  # no process: stopped at once
+            self.clock.at(now, self._stopped, service, proc.gen)
+            return
+        self.device.freeze(service, now)
+        self.clock.after(
+            self.setup.services[service].bench.unload_s, self._stopped, service, proc.gen
+        )
+
+    def _stopped(self, service: str, gen: int) -> None:
+        proc = self.procs[service]
+        if proc.gen != gen or proc.phase != "stopping":
+            return
+        self.device.remove(service, self.clock.now)
+        proc.phase = "gone"
+        self._feed(InstanceStopped(service))
+        self._sample()
+
+    def _finish(self, rid: str, service: str, gen: int) -> None:
+        proc = self.procs[service]
+        if proc.gen != gen or rid not in proc.in_flight:
+            return
+        proc.in_flight.discard(rid)
+        self.rec.served(rid, self.clock.now)
+        self._feed(RequestFinished(rid))
+
+    # --------------------------------------------------------------- memory truth
+
+    def _learned(self, service: str) -> Learned:
+        return Learned(self.learned_peak[service], self.learned_load[service])
+
+    def _sample(self) -> None:
+        now, total = self.clock.now, self.setup.device_total
+        footprints = self.device.footprints(now)
+        for service, footprint in footprints.items():
+            self._learn_peak(service, footprint)
+        used = sum(footprints.values())
+        reading = DeviceReading(0, total, used, max(0, total - used), managed=used)
+        self._feed(MemorySampled((reading,), footprints))
+
+    def _learn_peak(self, service: str, footprint: int) -> None:
+        """As ``service.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
+        proc = self.procs[service]
+        proc.peak = max(proc.peak, footprint)
+        rule = self.setup.rules[service]
+        peak = proc.peak if rule.cap is None else min(proc.peak, rule.cap)
+        expected = self.scheduler.service_view(service).expected_peak
+        if peak <= max(rule.estimate, expected) * (1 + LEARN_STEP):
+            return
+        self.learned_peak[service] = peak
+        self._feed(LearnedChanged(service, self._learned(service)))

@@ -1,0 +1,1 @@
+"""Request traces for ``bench.replay``: the seeded generator and the committed traces."""

@@ -1,0 +1,199 @@
+"""Prometheus metrics for ``GET /metrics``: what ``/api/status`` shows, as time series.
+
+Two kinds of series, from two places:
+
+- Gauges, and the load/eviction/restart counters, are read from the orchestrator's
+  status view at scrape time by ``StatusCollector``: nothing is copied or kept twice,
+  and a scrape sees exactly what ``GET /api/status`` would.
+- What happens between scrapes and is gone by the next one (each request's outcome,
+  each queue wait, each load's duration) is counted by live instruments that the
+  orchestrator updates through ``Metrics.request_done`` and ``Metrics.load_done``.
+
+Each ``Metrics`` has its own ``CollectorRegistry``, never prometheus-client's global
+default, so tests can build many apps in one process.
+
+``/metrics`` is not behind the admin key: Prometheus scrapers rarely send one. It exposes
+service names, states and memory figures (nothing that changes anything, and neither
+keys nor prompts); where that is too much, keep the port off the network or put the
+scrape behind a proxy that checks its own credentials.
+
+Series (``device`` is the device index, ``service`` the policy's service name)::
+
+    vramd_info{version, backend}                                   1
+    vramd_device_{total,used,free,foreign,budget,headroom,available}_bytes{device}
+    vramd_service_{footprint,host,expected_peak,learned_peak,estimate,cap}_bytes{service}
+    vramd_service_state{service, state}            1 for the current state, 0 for others
+    vramd_service_flag{service, flag}              1 when the flag is raised
+    vramd_service_in_flight{service}, vramd_service_queued{service}
+    vramd_service_{loads,evictions,restarts}_total{service}        counters
+    vramd_requests_total{service, code}                            counter (live)
+    vramd_load_seconds{service}                    histogram, spawn to ready (live)
+    vramd_queue_wait_seconds{service}              histogram, arrival to slot (live)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from service.domain import InstanceState
+
+StatusSource = Callable[[], Mapping[str, Any]]
+
+STATES = tuple(state.value for state in InstanceState)
+FLAGS = ("creeping", "fragmented", "over-cap", "crash-looping")
+
+# (metric suffix, status field, help)
+DEVICE_GAUGES = (
+    ("total", "total_bytes", "Device memory in total."),
+    ("used", "used_bytes", "Device memory in use, by anyone."),
+    ("free", "free_bytes", "Device memory free."),
+    ("foreign", "foreign_bytes", "Device memory used by processes vramd does not manage."),
+    ("budget", "budget_bytes", "Memory vramd may hand out on the device (after headroom)."),
+    ("headroom", "headroom_bytes", "Memory kept free on the device (device.headroom)."),
+    ("available", "available_bytes", "Budget not yet charged to a service; may be negative."),
+)
+SERVICE_GAUGES = (
+    ("footprint", "footprint_bytes", "Measured device memory of the service's processes."),
+    ("host", "host_bytes", "Measured host memory (PSS) of the service's processes."),
+    ("expected_peak", "expected_peak_bytes", "Peak the scheduler plans for."),
+    ("learned_peak", "learned_peak_bytes", "Highest footprint seen across loads."),
+    ("estimate", "estimate_bytes", "The policy's memory.estimate."),
+    ("cap", "cap_bytes", "The policy's memory.cap (absent when none is set)."),
+)
+SERVICE_COUNTERS = (
+    ("loads", "Times the service was started."),
+    ("evictions", "Times the service was stopped to make room for another."),
+    ("restarts", "Times the service was restarted after a crash."),
+)
+
+# Spawn to ready: a tiny model in a fraction of a second, a large one in minutes.
+LOAD_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+# Arrival to slot: no wait at all, a busy runtime, a cold start, a long queue.
+QUEUE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class StatusCollector(Collector):
+    """Gauges and counters from a fresh status view, built at each scrape."""
+
+    def __init__(self, status: StatusSource, *, version: str, backend: str | None) -> None:
+        self._status = status
+        self._version = version
+        self._backend = backend
+
+    def collect(self) -> Iterable[Metric]:
+        status = self._status()
+        info = GaugeMetricFamily(
+            "vramd_info", "vramd build and device backend.", labels=["version", "backend"]
+        )
+        info.add_metric([self._version, self._backend or status.get("backend") or ""], 1)
+        yield info
+        yield from _device_metrics(status.get("devices", ()))
+        yield from _service_metrics(status.get("services", ()))
+
+
+def _device_metrics(devices: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
+    families = [
+        (field, GaugeMetricFamily(f"vramd_device_{name}_bytes", help_, labels=["device"]))
+        for name, field, help_ in DEVICE_GAUGES
+    ]
+    for device in devices:
+        labels = [str(device["index"])]
+        for field, family in families:
+            value = device.get(field)
+            if value is not None:
+                family.add_metric(labels, value)
+    for _, family in families:
+        yield family
+
+
+def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
+    services = list(services)
+    for name, field, help_ in SERVICE_GAUGES:
+        family = GaugeMetricFamily(f"vramd_service_{name}_bytes", help_, labels=["service"])
+        for svc in services:
+            if svc.get(field) is not None:
+                family.add_metric([svc["name"]], svc[field])
+        yield family
+
+    state = GaugeMetricFamily(
+        "vramd_service_state",
+        "The service's state: 1 for the current one, 0 for the others.",
+        labels=["service", "state"],
+    )
+    flag = GaugeMetricFamily(
+        "vramd_service_flag",
+        "1 while the flag is raised on the service.",
+        labels=["service", "flag"],
+    )
+    in_flight = GaugeMetricFamily(
+        "vramd_service_in_flight", "Requests being served.", labels=["service"]
+    )
+    queued = GaugeMetricFamily(
+        "vramd_service_queued", "Requests waiting for a slot.", labels=["service"]
+    )
+    for svc in services:
+        name = svc["name"]
+        for value in STATES:
+            state.add_metric([name, value], 1 if svc.get("state") == value else 0)
+        raised = set(svc.get("flags") or ())
+        for value in FLAGS:
+            flag.add_metric([name, value], 1 if value in raised else 0)
+        in_flight.add_metric([name], svc.get("in_flight") or 0)
+        queued.add_metric([name], svc.get("queued") or 0)
+    yield from (state, flag, in_flight, queued)
+
+    for key, help_ in SERVICE_COUNTERS:
+        counter = CounterMetricFamily(f"vramd_service_{key}", help_, labels=["service"])
+        for svc in services:
+            counter.add_metric([svc["name"]], svc.get(key) or 0)
+        yield counter
+
+
+class Metrics:
+    """The registry behind ``GET /metrics``, and the calls that feed its live series."""
+
+    def __init__(self, status: StatusSource, *, version: str, backend: str | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(StatusCollector(status, version=version, backend=backend))
+        self._requests = Counter(
+            "vramd_requests",
+            "Requests to /v1 by service and outcome (ok, upstream_error, client_gone, "
+            "runtime_failed, runtime_timeout, queue_full, queue_timeout, "
+            "insufficient_capacity, window_closed, model_not_found, ...).",
+            ["service", "code"],
+            registry=self.registry,
+        )
+        self._load_seconds = Histogram(
+            "vramd_load_seconds",
+            "Time from spawning a runtime to its first healthy answer.",
+            ["service"],
+            buckets=LOAD_BUCKETS,
+            registry=self.registry,
+        )
+        self._queue_wait = Histogram(
+            "vramd_queue_wait_seconds",
+            "Time a request waited for a slot (queue and cold start included).",
+            ["service"],
+            buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+
+    def request_done(self, service: str, code: str, queue_s: float | None = None) -> None:
+        """One request ended with ``code``; ``queue_s`` is its wait, when it had one."""
+        self._requests.labels(service=service, code=code).inc()
+        if queue_s is not None:
+            self._queue_wait.labels(service=service).observe(max(0.0, queue_s))
+
+    def load_done(self, service: str, seconds: float) -> None:
+        """A runtime of ``service`` became ready ``seconds`` after it was spawned."""
+        self._load_seconds.labels(service=service).observe(max(0.0, seconds))
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every series, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
