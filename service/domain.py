@@ -106,15 +106,14 @@ class InstanceMemory:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceSnapshot:
-    """One device's memory at one moment, as a probe saw it.
+class DeviceReading:
+    """One device's memory at one moment: what the scheduler's ledger needs.
 
     ``used`` includes every process; ``managed`` is the part attributed to our instances;
     ``foreign = used - managed`` (never negative).
     """
 
     index: int
-    name: str
     total: int
     used: int
     free: int
@@ -122,7 +121,15 @@ class DeviceSnapshot:
 
     @property
     def foreign(self) -> int:
+        """Memory used by processes vramd did not start (never negative)."""
         return max(0, self.used - self.managed)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSnapshot(DeviceReading):
+    """A device reading as a probe took it, with the device's name for people."""
+
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
-from service.scheduler import DeviceReading, Learned, LearnedChanged, MemorySampled
+from service.scheduler import Learned, LearnedChanged, MemorySampled
 from service.store import Store, queries
 
 if TYPE_CHECKING:
@@ -99,10 +99,7 @@ class Sampler:
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
             self._watch(rt, memory.device_bytes, memory.host_bytes)
-        devices = tuple(
-            DeviceReading(d.index, d.total, d.used, d.free, d.managed) for d in reading.devices
-        )
-        self._orc.feed(MemorySampled(devices, footprints))
+        self._orc.feed(MemorySampled(reading.devices, footprints))
         self._store_samples(reading, footprints)
         if self._clock.monotonic() - self._last_downsample >= DOWNSAMPLE_EVERY_S:
             self._last_downsample = self._clock.monotonic()

@@ -51,8 +51,8 @@ def test_reports_every_gpu_with_the_driver_reserve_kept_out_of_total() -> None:
     assert reading.backend == "nvml"
     assert reading.degraded is None
     assert reading.devices == (
-        DeviceSnapshot(0, "NVIDIA H100", 79 * GiB, 10 * GiB, 69 * GiB, 0),
-        DeviceSnapshot(1, "NVIDIA RTX 4090", 24 * GiB, 0, 24 * GiB, 0),
+        DeviceSnapshot(0, 79 * GiB, 10 * GiB, 69 * GiB, 0, name="NVIDIA H100"),
+        DeviceSnapshot(1, 24 * GiB, 0, 24 * GiB, 0, name="NVIDIA RTX 4090"),
     )
 
 
@@ -146,8 +146,8 @@ def test_nvml_error_before_any_good_read_reports_zeros() -> None:
     with closing(NvmlProbe(fake)) as probe:
         reading = probe.read(ME)
     assert reading.devices == (
-        DeviceSnapshot(0, "NVIDIA H100", 0, 0, 0),
-        DeviceSnapshot(1, "NVIDIA RTX 4090", 0, 0, 0),
+        DeviceSnapshot(0, 0, 0, 0, name="NVIDIA H100"),
+        DeviceSnapshot(1, 0, 0, 0, name="NVIDIA RTX 4090"),
     )
     assert reading.degraded is not None
     assert "no good reading yet" in reading.degraded

@@ -153,7 +153,7 @@ class NvmlProbe:
                     continue
                 managed += usage
                 device_bytes[instance] += usage
-            snapshots.append(DeviceSnapshot(gpu.index, gpu.name, total, used, free, managed))
+            snapshots.append(DeviceSnapshot(gpu.index, total, used, free, managed, name=gpu.name))
         if self._failing:
             log.info("NVML reads recovered")
             self._failing = False
@@ -237,7 +237,7 @@ class NvmlProbe:
         if not self._failing:
             log.warning("NVML read failed: %s; serving the last good figures", _describe(exc))
             self._failing = True
-        zero = {gpu.index: DeviceSnapshot(gpu.index, gpu.name, 0, 0, 0) for gpu in self._gpus}
+        zero = {gpu.index: DeviceSnapshot(gpu.index, 0, 0, 0, name=gpu.name) for gpu in self._gpus}
         devices = tuple(self._last_devices.get(index, zero[index]) for index in zero)
         what = "last good device figures" if self._last_devices else "no good reading yet: zeros"
         return ProbeReading(

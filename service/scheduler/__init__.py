@@ -5,6 +5,7 @@ time. The orchestrator feeds it real events and carries out the actions; the ben
 simulator drives the same class on a virtual clock.
 """
 
+from service.domain import DeviceReading
 from service.scheduler.actions import (
     INSUFFICIENT_CAPACITY,
     MODEL_NOT_FOUND,
@@ -21,7 +22,6 @@ from service.scheduler.actions import (
 )
 from service.scheduler.core import Scheduler
 from service.scheduler.events import (
-    DeviceReading,
     Event,
     InstanceBackoff,
     InstanceFailed,

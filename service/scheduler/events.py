@@ -12,23 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from service.domain import DeviceReading
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceReading:
-    """One device in a probe sample. ``managed`` is the part our instances hold."""
-
-    index: int
-    total: int
-    used: int
-    free: int
-    managed: int = 0
-
-    @property
-    def foreign(self) -> int:
-        """Memory used by processes vramd did not start (never negative)."""
-        return max(0, self.used - self.managed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from service.scheduler.events import DeviceReading
+from service.domain import DeviceReading
 from service.scheduler.rules import DeviceRule
 
 
