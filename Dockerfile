@@ -1,30 +1,47 @@
-# vramd daemon image. Runtimes (llama-server, whisper-server, ...) are added in a
-# derived image or mounted into /opt/runtimes; see docs (deployment).
-FROM python:3.11-slim AS build
+# vramd daemon image: the daemon only. Runtimes (llama-server, vLLM, whisper-server, ...)
+# are added in a derived image or mounted at /opt/runtimes; see docs/deployment.md.
+#
+#   docker build -t vramd .
+#   docker compose up -d          (docker-compose.yml: GPU, loopback port, volumes)
+
+# Pinned to a Debian release: runtime binaries mounted into /opt/runtimes must be built
+# against the same glibc.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 RUN python -m venv /opt/vramd
 COPY pyproject.toml README.md ./
 COPY service ./service
-RUN /opt/vramd/bin/pip install --no-cache-dir .
+RUN /opt/vramd/bin/pip install .
 
-FROM python:3.11-slim
-RUN useradd --create-home --uid 10001 vramd \
-    && mkdir -p /etc/vramd /var/lib/vramd \
+FROM ${PYTHON_IMAGE}
+ARG VRAMD_UID=10001
+RUN useradd --create-home --uid "${VRAMD_UID}" --user-group vramd \
+    && mkdir -p /etc/vramd /var/lib/vramd /opt/runtimes/bin /opt/runtimes/lib \
     && chown vramd:vramd /var/lib/vramd
 COPY --from=build /opt/vramd /opt/vramd
 COPY migrations /opt/vramd/migrations
 COPY config /etc/vramd/examples
+# PATH and LD_LIBRARY_PATH reach the runtimes (see service/supervisor/environment.py):
+# a binary in /opt/runtimes/bin is found by its name in a policy's `command`.
 ENV PATH="/opt/vramd/bin:/opt/runtimes/bin:$PATH" \
+    LD_LIBRARY_PATH="/opt/runtimes/lib" \
     VRAMD_MIGRATIONS=/opt/vramd/migrations \
     VRAMD_CONFIG=/etc/vramd/vramd.yaml \
     VRAMD_DB=/var/lib/vramd/vramd.db \
     PYTHONUNBUFFERED=1
 USER vramd
+WORKDIR /var/lib/vramd
+# The policy (read-only is fine) and the SQLite database.
 VOLUME ["/etc/vramd", "/var/lib/vramd"]
 EXPOSE 8400
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
-    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8400/healthz', timeout=4).status == 200 else 1)"
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('VRAMD_PORT', '8400'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4).status == 200 else 1)"]
+# vramd stops its runtimes itself on SIGTERM: give it time (compose: stop_grace_period).
+STOPSIGNAL SIGTERM
 # Inside a container the daemon must listen on all interfaces for the published port to
-# reach it; set server.api_keys and server.admin_keys in the policy (vramd refuses
-# otherwise), and publish the port on the host's loopback only (see docker-compose.yml).
+# reach it; vramd refuses to unless server.api_keys and server.admin_keys are both set in
+# the policy. Publish the port on the host's loopback only (see docker-compose.yml).
 CMD ["vramd", "serve", "--host", "0.0.0.0"]

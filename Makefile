@@ -35,6 +35,17 @@ typecheck: $(VENV)/.installed-dev
 pytest: $(VENV)/.installed-dev
 	$(BIN)/pytest
 
+# Real-runtime tests (docs/deployment.md): builds llama.cpp from source once (~7 min
+# on 2 cores; pip caches the wheel afterwards). make test runs them only if installed.
+REAL_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAVA_BUILD=OFF
+
+$(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
+	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/pip install --quiet -r requirements-real.txt
+	@touch $@
+
+test-real: $(VENV)/.installed-real
+	$(BIN)/pytest -m real
+
 BENCH_POLICY := bench/policies/ten-services
 BENCH_TRACES := a0.9-cv1 a0.9-cv4 a2.1-cv1 a2.1-cv4
 
