@@ -103,6 +103,7 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.server import DaemonServer
 
     settings = _settings(config=config, host=host, port=port, db=db)
     policy, _ = read_policy_or_exit(settings.config)
@@ -112,16 +113,38 @@ def serve(
         err.print(problem)
         raise typer.Exit(1)
     configure_logging(settings.log_level)
+    preflight_database(address.database)
     application = create_app(settings)
-    uvicorn.run(
+    server = DaemonServer(
         application,
-        host=address.host,
-        port=address.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
+        uvicorn.Config(
+            application,
+            host=address.host,
+            port=address.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=30,
+        ),
     )
+    server.run()
     if getattr(application.state, "startup_failed", None):
         raise typer.Exit(1)
+
+
+def preflight_database(path: Path) -> None:
+    """Open (and migrate) the database before serving: a locked, read-only, full or
+    foreign file is one clear line and exit 1, not a server traceback."""
+    from service.store import open_store
+    from service.store.lock import DatabaseLock
+
+    try:
+        lock = DatabaseLock(path)
+        try:
+            open_store(path).close()
+        finally:
+            lock.release()
+    except (StoreError, OSError) as exc:
+        err.print(f"vramd cannot start: {exc}", markup=False)
+        raise typer.Exit(1) from None
 
 
 @db_app.command("upgrade")

@@ -211,18 +211,64 @@ class Orchestrator:
         self._loops.spawn(self._tick_loop(), "ticker")
         self.watchdog.start()
 
-    async def close(self) -> None:
-        """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
+    def begin_shutdown(self) -> None:
+        """The daemon got SIGTERM: refuse what waits (and what comes), finish what runs.
+
+        Called as soon as the signal arrives, before the server waits for open
+        connections: a request queued behind a load would otherwise hold the shutdown
+        until the server gives up on it. Requests already at a runtime (streams
+        included) go on to their end; the runtimes stop in ``close``.
+        """
+        if self._closing:
+            return
         self._closing = True
-        self.maintenance.shutdown()
-        await self.watchdog.stop()
-        await self._loops.cancel_all()
+        waiting = list(self._waiters)
+        self._refuse_waiters()
+        for request_id in waiting:
+            self.feed(RequestCancelled(request_id))
+        self.events.record(
+            "daemon",
+            f"shutting down: {len(waiting)} waiting request(s) refused; "
+            "requests in flight may finish within their service's stop_timeout",
+        )
+        self._tasks.spawn(self._drain_for_shutdown(), "shutdown drain")
+
+    async def _drain_for_shutdown(self) -> None:
+        """Let each runtime finish what it serves, up to its stop_timeout, then stop it.
+
+        A request at a hung runtime then ends with an error (the runtime is gone)
+        instead of holding the whole shutdown until the HTTP server gives up on it.
+        """
+
+        async def drain(rt: ServiceRuntime) -> None:
+            deadline = self._clock.monotonic() + rt.spec.stop_timeout
+            while self._clock.monotonic() < deadline:
+                if self._scheduler.service_view(rt.name).in_flight == 0:
+                    break
+                await self._clock.sleep(0.05)
+            await rt.instance.stop("daemon shutting down", timeout_s=rt.spec.stop_timeout)
+
+        known = set(self._scheduler.service_names())
+        await asyncio.gather(
+            *(drain(rt) for name, rt in self.runtimes.items() if name in known),
+            return_exceptions=True,
+        )
+
+    def _refuse_waiters(self) -> None:
         for request_id, waiter in list(self._waiters.items()):
             self._waiters.pop(request_id, None)
             if not waiter.future.done():
                 waiter.future.set_exception(
                     InsufficientCapacity("vramd is shutting down", retry_after=5)
                 )
+
+    async def close(self) -> None:
+        """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
+        self._closing = True
+        self.maintenance.shutdown()
+        await self.watchdog.stop()
+        await self._loops.cancel_all()
+        self._refuse_waiters()
         await asyncio.gather(
             *(
                 rt.instance.stop("daemon shutting down", timeout_s=rt.spec.stop_timeout)
@@ -859,6 +905,8 @@ class Orchestrator:
         incident records: what the service was asked just before it ran out of memory.
         """
         request_id = request_id or uuid.uuid4().hex
+        if self._closing:
+            raise InsufficientCapacity("vramd is shutting down", retry_after=5)
         rt = self.runtimes[service]
         if request_info is not None:
             rt.recent_requests.append({"ts": self._clock.now(), **request_info})

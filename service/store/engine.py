@@ -22,6 +22,7 @@ migration leaves the file as it was.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,7 +154,7 @@ def explain_sqlite_error(exc: BaseException, path: Path) -> str:
         )
     if primary == 8 or "readonly" in lowered or "read-only" in lowered:  # SQLITE_READONLY
         return f"database {path} is read-only; make it and its directory writable"
-    if primary == 13 or "disk is full" in lowered:  # SQLITE_FULL
+    if primary == 13 or "disk is full" in lowered or _out_of_space(code, path):  # SQLITE_FULL
         return f"database {path} cannot be written: the disk is full; free some space"
     if primary in (11, 26) or "not a database" in lowered:  # SQLITE_CORRUPT, SQLITE_NOTADB
         return (
@@ -166,6 +167,24 @@ def explain_sqlite_error(exc: BaseException, path: Path) -> str:
             "directory exist and are writable"
         )
     return f"database {path} cannot be used: {detail}"
+
+
+# In WAL mode a full disk first shows as SQLITE_IOERR_SHMSIZE (growing the -shm file)
+# or another SQLITE_IOERR, not as SQLITE_FULL.
+SQLITE_IOERR = 10
+SQLITE_IOERR_SHMSIZE = 4874
+
+
+def _out_of_space(code: object, path: Path) -> bool:
+    if not isinstance(code, int) or code & 0xFF != SQLITE_IOERR:
+        return False
+    if code == SQLITE_IOERR_SHMSIZE:
+        return True
+    try:
+        usage = shutil.disk_usage(path.parent)
+    except OSError:
+        return False
+    return usage.free < 1024 * 1024  # an I/O error with no room left is a full disk
 
 
 def _sqlite_cause(exc: BaseException) -> sqlite3.Error | None:

@@ -19,8 +19,14 @@ from service.errors import StoreError
 class DatabaseLock:
     def __init__(self, database: Path) -> None:
         self.path = Path(f"{database}.lock")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the lock file {self.path} beside the database: "
+                f"{exc.strerror or exc}; the database directory must be writable"
+            ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
