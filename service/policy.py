@@ -42,6 +42,7 @@ from service.units import DURATION_HINT, SIZE_HINT, format_size, parse_duration,
 from service.yamlpos import PathKey, Positions, YamlSyntaxError, format_path, load_with_positions
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+MAX_WINDOW_S = 31 * 86400.0  # a maintenance window longer than a month is a mistake
 PLACEHOLDERS = frozenset(
     {"PORT", "SERVICE", "MODEL", "GPU", "CAP_BYTES", "CAP_MIB", "CAP_FRACTION", "PYTHON"}
 )
@@ -103,12 +104,12 @@ class DeviceConfig(_Strict):
 
 
 class QueueConfig(_Strict):
-    max: Annotated[StrictInt, Field(ge=0)] = 64
+    max: Annotated[StrictInt, Field(ge=0, le=100_000)] = 64
     timeout: Annotated[Duration, Field(gt=0)] = 120.0
 
 
 class RestartConfig(_Strict):
-    max_retries: Annotated[StrictInt, Field(ge=0)] = 5
+    max_retries: Annotated[StrictInt, Field(ge=0, le=1000)] = 5
     backoff: Annotated[Duration, Field(gt=0)] = 2.0
     max_backoff: Annotated[Duration, Field(gt=0)] = 120.0
 
@@ -123,7 +124,7 @@ class Defaults(_Strict):
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0
     idle_ttl: Duration = 900.0
-    max_concurrency: Annotated[StrictInt, Field(ge=1)] = 4
+    max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     restart: RestartConfig = RestartConfig()
     priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
@@ -165,7 +166,7 @@ class Service(_Strict):
     priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
     # None until resolved: load_policy fills in the effective TTL per residency.
     idle_ttl: Duration | None = None
-    max_concurrency: Annotated[StrictInt, Field(ge=1)] = 4
+    max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     gpus: list[GpuIndex] | None = None
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
@@ -195,7 +196,7 @@ class Service(_Strict):
 class Window(_Strict):
     name: Name
     cron: StrictStr
-    duration: Annotated[Duration, Field(gt=0)]
+    duration: Annotated[Duration, Field(gt=0, le=MAX_WINDOW_S)]
     timezone: StrictStr = "UTC"
     restart: Literal["flagged", "all", "none"] | list[StrictStr] = "flagged"
     allow: list[StrictStr] = []

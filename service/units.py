@@ -28,6 +28,10 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 SIZE_HINT = "a size such as 512MiB, 6GiB, 6GB, 1.5GiB or a whole number of bytes"
+# Far beyond any device, and inside SQLite's 64-bit integers.
+MAX_SIZE = 2**62
+# Ten years: longer than any sensible timeout or window, and inside a float's precision.
+MAX_DURATION = 10 * 365 * 86400.0
 DURATION_HINT = "a duration such as 90s, 10m, 1h, 1h30m or a whole number of seconds"
 
 
@@ -38,7 +42,7 @@ def parse_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"size must not be negative, got {value}")
-        return value
+        return _bounded_size(value, value)
     if isinstance(value, float):
         raise ValueError(f"expected {SIZE_HINT}, got {value!r} (write a unit, e.g. 1.5GiB)")
     if not isinstance(value, str):
@@ -54,7 +58,20 @@ def parse_size(value: object) -> int:
         )
     if unit == "" and "." in number:
         raise ValueError(f"a size without a unit is whole bytes, got {value!r}")
-    return int(float(number) * factor)
+    if len(number) > 30:
+        raise ValueError(f"size {_short(value)} is too large (at most {MAX_SIZE} bytes)")
+    return _bounded_size(int(float(number) * factor), value)
+
+
+def _bounded_size(size: int, written: object) -> int:
+    if size > MAX_SIZE:
+        raise ValueError(f"size {_short(written)} is too large (at most {MAX_SIZE} bytes)")
+    return size
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_duration(value: object) -> float:
@@ -62,24 +79,31 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected {DURATION_HINT}, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0 or math.isnan(value) or math.isinf(value):
+        if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"duration must be a finite number >= 0, got {value}")
-        return float(value)
+        return _bounded_duration(value, value)
     if not isinstance(value, str):
         raise ValueError(f"expected {DURATION_HINT}, got {type(value).__name__}")
     text = value.strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
+        return _bounded_duration(float(text) if len(text) < 30 else math.inf, value)
     pos = 0
     total = 0.0
     for part in _DURATION_PART_RE.finditer(text):
         if part.start() != pos:
             break
-        total += float(part.group(1)) * _DURATION_UNITS[part.group(2)]
+        digits = part.group(1)
+        total += (float(digits) if len(digits) < 30 else math.inf) * _DURATION_UNITS[part.group(2)]
         pos = part.end()
     if pos != len(text) or not text:
         raise ValueError(f"expected {DURATION_HINT}, got {value!r}")
-    return total
+    return _bounded_duration(total, value)
+
+
+def _bounded_duration(seconds: float, written: object) -> float:
+    if not seconds <= MAX_DURATION:  # also catches inf and numbers past a float
+        raise ValueError(f"duration {_short(written)} is too long (at most ten years)")
+    return float(seconds)
 
 
 def format_size(n_bytes: int | float | None) -> str:

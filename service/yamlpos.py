@@ -76,7 +76,10 @@ def load_with_positions(text: str) -> tuple[Any, Positions, list[PolicyIssue]]:
 
     Raises ``YamlSyntaxError`` when the text is not YAML at all.
     """
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # e.g. a control character: the reader refuses the text
+        raise YamlSyntaxError(PolicyIssue("", f"invalid YAML: {exc}")) from exc
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -86,18 +89,42 @@ def load_with_positions(text: str) -> tuple[Any, Positions, list[PolicyIssue]]:
         raise YamlSyntaxError(PolicyIssue("", f"invalid YAML: {problem}", line, col)) from exc
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(PolicyIssue("", f"invalid YAML: {exc}")) from exc
+    except RecursionError:
+        raise YamlSyntaxError(
+            PolicyIssue("", f"the YAML nests deeper than {MAX_DEPTH} levels or refers to itself")
+        ) from None
     finally:
         loader.dispose()
     positions = Positions()
     issues: list[PolicyIssue] = []
     if node is None:
         return None, positions, issues
-    data = _convert(loader, node, (), positions, issues, {})
+    try:
+        data = _convert(loader, node, (), positions, issues, {})
+    except RecursionError:
+        raise YamlSyntaxError(
+            PolicyIssue("", f"the YAML nests deeper than {MAX_DEPTH} levels or refers to itself")
+        ) from None
     return data, positions, issues
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+MAX_DEPTH = 64  # a policy is a few levels deep; more is a mistake or an alias loop
+
+
+def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: PathKey) -> Any:
+    """A scalar's value; one YAML can parse but not build (``!!int x``) is an issue."""
+    try:
+        return loader.construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError, OverflowError) as exc:
+        line, col = _mark(node)
+        detail = getattr(exc, "problem", None) or str(exc)
+        raise YamlSyntaxError(
+            PolicyIssue(format_path(path), f"invalid YAML value: {detail}", line, col)
+        ) from None
 
 
 def _convert(
@@ -108,6 +135,8 @@ def _convert(
     issues: list[PolicyIssue],
     first_own: dict[int, int],
 ) -> Any:
+    if len(path) > MAX_DEPTH:
+        raise RecursionError
     positions.values[path] = _mark(node)
     if isinstance(node, yaml.MappingNode):
         # flatten_mapping resolves merge keys (<<: *anchor) in place, putting the merged
@@ -116,12 +145,18 @@ def _convert(
         # through an alias, when it is already flattened.
         if id(node) not in first_own:
             own = sum(1 for key_node, _ in node.value if key_node.tag != _MERGE_TAG)
-            loader.flatten_mapping(node)
+            try:
+                loader.flatten_mapping(node)
+            except yaml.YAMLError as exc:  # a merge key (<<) of something not a mapping
+                line, col = _mark(node)
+                raise YamlSyntaxError(
+                    PolicyIssue(format_path(path), f"invalid YAML: {exc}", line, col)
+                ) from None
             first_own[id(node)] = len(node.value) - own
         result: dict[Any, Any] = {}
         own_keys: set[Any] = set()
         for index, (key_node, value_node) in enumerate(node.value):
-            key = loader.construct_object(key_node, deep=True)
+            key = _construct(loader, key_node, path)
             if not isinstance(key, str | int) or isinstance(key, bool):
                 line, col = _mark(key_node)
                 issues.append(
@@ -142,4 +177,4 @@ def _convert(
             _convert(loader, item, (*path, i), positions, issues, first_own)
             for i, item in enumerate(node.value)
         ]
-    return loader.construct_object(node, deep=True)
+    return _construct(loader, node, path)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +19,7 @@ from service.api.deps import DaemonDep, OrchestratorDep, StoreDep
 from service.api.errors import error_response
 from service.api.openai import read_body
 from service.errors import InvalidRequest, PolicyError
-from service.policy import NAME_PATTERN
+from service.policy import MAX_WINDOW_S, NAME_PATTERN
 from service.store import queries
 from service.units import parse_duration
 
@@ -27,6 +27,7 @@ from service.units import parse_duration
 # admin key when the policy sets admin_keys.
 health_router = APIRouter()
 MAX_POLICY_BYTES = 1024**2  # a policy is a few kilobytes; this only stops abuse
+MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger id is a 400, not a 500
 router = APIRouter(dependencies=[Depends(require_admin_key)])
 
 
@@ -114,7 +115,7 @@ async def policy_history(store: StoreDep) -> dict[str, Any]:
 
 @router.post("/api/policy/rollback/{version}", response_model=None)
 async def rollback(
-    version: int, store: StoreDep, orchestrator: OrchestratorDep
+    version: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep, orchestrator: OrchestratorDep
 ) -> dict[str, Any] | JSONResponse:
     """Apply an earlier version's text again (as a new version)."""
     with store.session() as session:
@@ -171,13 +172,16 @@ async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str
         duration = parse_duration(body.duration)
     except ValueError as exc:
         raise InvalidRequest(f"duration: {exc}") from None
-    if duration <= 0:
-        raise InvalidRequest("duration: must be more than 0")
+    if not 0 < duration <= MAX_WINDOW_S:
+        raise InvalidRequest("duration: must be more than 0 and at most 31 days")
+    now = time.time()
     if body.start == "now":
-        start_at = time.time()
+        start_at = now
     else:
         start = body.start if body.start.tzinfo else body.start.replace(tzinfo=UTC)
         start_at = start.timestamp()
+    if not now - 86400 <= start_at <= now + 10 * 365 * 86400:
+        raise InvalidRequest("start: must be within the next ten years (or at most a day ago)")
     return orchestrator.add_window(
         name=body.name,
         start_at=start_at,
@@ -218,8 +222,10 @@ async def policy(
 @router.get("/api/events")
 async def events(
     store: StoreDep,
-    since: Annotated[int | None, Query(description="return events after this event id")] = None,
-    since_ts: Annotated[float | None, Query(description="epoch seconds")] = None,
+    since: Annotated[
+        int | None, Query(ge=0, le=MAX_ID, description="return events after this event id")
+    ] = None,
+    since_ts: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
     service: str | None = None,
     kind: str | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
@@ -273,7 +279,7 @@ async def memory(
     name: str,
     store: StoreDep,
     orchestrator: OrchestratorDep,
-    since: Annotated[float | None, Query(description="epoch seconds")] = None,
+    since: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
     limit: Annotated[int, Query(ge=1, le=20000)] = 3600,
 ) -> dict[str, Any]:
     """The service's memory samples (1 s for the last hour, 1 min for a week)."""
@@ -317,7 +323,9 @@ async def incidents(
 
 
 @router.get("/api/incidents/{incident_id}")
-async def incident(incident_id: int, store: StoreDep) -> dict[str, Any]:
+async def incident(
+    incident_id: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep
+) -> dict[str, Any]:
     with store.session() as session:
         row = queries.get_incident(session, id=incident_id)
         if row is None:
