@@ -119,7 +119,14 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: PathKey) -> Any:
     """A scalar's value; one YAML can parse but not build (``!!int x``) is an issue."""
     try:
         return loader.construct_object(node, deep=True)
-    except (yaml.YAMLError, ValueError, TypeError, AttributeError, OverflowError) as exc:
+    except (
+        yaml.YAMLError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        OverflowError,
+        LookupError,  # an empty !!int / !!bool: PyYAML indexes '' or looks it up
+    ) as exc:
         line, col = _mark(node)
         detail = getattr(exc, "problem", None) or str(exc)
         raise YamlSyntaxError(

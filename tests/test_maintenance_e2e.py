@@ -65,7 +65,7 @@ def test_one_off_window_is_stored_and_survives_restart(tmp_path: Path) -> None:
             "/api/maintenance",
             json={
                 "name": "fix-chat",
-                "start": "2099-01-01T03:00:00Z",
+                "start": "2031-01-01T03:00:00Z",
                 "duration": "10m",
                 "restart": ["chat"],
             },

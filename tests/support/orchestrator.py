@@ -171,9 +171,7 @@ class OrchestratorHarness:
             store=store,
             probe=probe,
             clock=SystemClock(),
-            settings=Settings(
-                config=config, settle_timeout=self._settle_timeout, **self._settings
-            ),
+            settings=Settings(config=config, settle_timeout=self._settle_timeout, **self._settings),
             launcher=self._launcher,
         )
         daemon = RunningDaemon(orchestrator, store, probe)
