@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 from sqlalchemy.exc import IntegrityError
+from support.faults import sqlite_lock
 
 from service.errors import StoreError
 from service.store import Store, open_store, queries
@@ -585,32 +586,14 @@ def test_garbage_file_is_not_a_sqlite_database(tmp_path: Path) -> None:
     assert path.read_bytes() == garbage  # left exactly as found
 
 
-HOLD_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-sys.stdin.read()
-conn.rollback()
-conn.close()
-"""
-
-
 def test_database_locked_by_another_process(tmp_path: Path) -> None:
     path = tmp_path / "vramd.db"
     open_store(path).close()
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
-        try:
-            with pytest.raises(StoreError, match="locked by another process") as info:
-                open_store(path, busy_timeout_ms=100)
-        finally:
-            holder.communicate(input="", timeout=10)
+    with (
+        sqlite_lock(path),
+        pytest.raises(StoreError, match="locked by another process") as info,
+    ):
+        open_store(path, busy_timeout_ms=100)
     assert str(path) in str(info.value)
     open_store(path, busy_timeout_ms=100).close()  # usable once the lock is gone
 
