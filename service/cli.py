@@ -31,7 +31,8 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped output (scripts, `watch`, logs) gets wide tables rather than rich's 80 columns.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_UNREACHABLE = 3
