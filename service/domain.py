@@ -55,6 +55,11 @@ class Flag(enum.StrEnum):
     CRASH_LOOPING = "crash-looping"
 
 
+# Flags that describe one instance (a fresh instance starts without them) and that a
+# maintenance restart cures; crash-looping belongs to the service until a load.
+INSTANCE_FLAGS = frozenset({Flag.CREEPING, Flag.FRAGMENTED, Flag.OVER_CAP})
+
+
 class InstanceState(enum.StrEnum):
     STOPPED = "stopped"
     STARTING = "starting"

@@ -30,7 +30,7 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.devices import DeviceProbe
 from service.doctor import Doctor
-from service.domain import ROUTES_BY_KIND, InstanceState, ProbeReading
+from service.domain import INSTANCE_FLAGS, ROUTES_BY_KIND, InstanceState, ProbeReading
 from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
@@ -45,7 +45,6 @@ from service.errors import (
     WindowClosed,
 )
 from service.eventlog import EventLog
-from service.maintenance import Maintenance, OpenWindow, WindowSpec
 from service.metrics import Metrics
 from service.policy import Policy, diff_policies, load_policy
 from service.policy_records import persist_policy, window_conflicts
@@ -68,13 +67,11 @@ from service.scheduler import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
-    RestartRequested,
     Scheduler,
     Start,
     Stop,
     Tick,
     UnloadRequested,
-    WindowChanged,
     rules_from_policy,
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
@@ -94,6 +91,7 @@ from service.supervisor import (
 from service.tasks import TaskGroup
 from service.views import service_view, status_view
 from service.watchdog import Liveness, Stall, Watchdog
+from service.windows import Windows
 
 log = logging.getLogger("vramd.orchestrator")
 
@@ -108,8 +106,6 @@ _REJECTIONS: dict[str, type[RequestRejected]] = {
     "model_not_found": ModelNotFound,
 }
 _PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
-# Flags that describe one instance and that a maintenance restart cures.
-INSTANCE_FLAGS = frozenset({"creeping", "fragmented", "over-cap"})
 
 
 @dataclass
@@ -188,9 +184,7 @@ class Orchestrator:
                 ),
             }
         )
-        self.maintenance = Maintenance(
-            clock=clock, on_open=self._window_opened, on_close=self._window_closed
-        )
+        self.windows = Windows(self)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -205,8 +199,7 @@ class Orchestrator:
             data={"services": sorted(rules)},
         )
         self.feed(PolicyChanged(rules, device_rule))
-        self.maintenance.start(self.window_specs())
-        self._feed_windows()
+        self.windows.start()
         self._loops.spawn(self.sampler.run(), "sampler")
         self._loops.spawn(self._tick_loop(), "ticker")
         self.watchdog.start()
@@ -265,7 +258,7 @@ class Orchestrator:
     async def close(self) -> None:
         """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
         self._closing = True
-        self.maintenance.shutdown()
+        self.windows.shutdown()
         await self.watchdog.stop()
         await self._loops.cancel_all()
         self._refuse_waiters()
@@ -680,8 +673,7 @@ class Orchestrator:
         rules, device_rule = rules_from_policy(policy)
         self._device_rule = device_rule
         self.feed(PolicyChanged(rules, device_rule, restart=frozenset(restart)))
-        self.maintenance.configure(self.window_specs())
-        self._feed_windows()
+        self.windows.reconfigure()
 
     def reload_policy_file(self) -> None:
         """SIGHUP: apply the policy file again; an invalid file is reported and ignored."""
@@ -699,185 +691,6 @@ class Orchestrator:
         else:
             if not result["changed"]:
                 self.events.record("policy", f"SIGHUP: {path} unchanged")
-
-    # ---------------------------------------------------------------- windows
-
-    def window_specs(self) -> list[WindowSpec]:
-        """The policy's windows and the one-off windows operators created (SQLite)."""
-        specs = [
-            WindowSpec(
-                name=w.name,
-                cron=w.cron,
-                duration_s=w.duration,
-                timezone=w.timezone,
-                restart=w.restart if isinstance(w.restart, str) else tuple(w.restart),
-                allow=tuple(w.allow),
-            )
-            for w in self.policy.maintenance.windows
-        ]
-        with self._store.session() as session:
-            for row in queries.list_windows(session):
-                if row.origin == "api" and row.start_at is not None:
-                    specs.append(
-                        WindowSpec(
-                            name=row.name,
-                            start_at=row.start_at,
-                            duration_s=row.duration_s,
-                            timezone=row.timezone,
-                            restart=row.restart
-                            if isinstance(row.restart, str)
-                            else tuple(row.restart),
-                            allow=tuple(row.allow),
-                            origin="api",
-                        )
-                    )
-        return specs
-
-    def _feed_windows(self) -> None:
-        mono, wall = self._clock.monotonic(), self._clock.now()
-        next_open = {
-            name: mono + max(0.0, at - wall)
-            for name, at in self.maintenance.next_allowed_at().items()
-        }
-        self.feed(WindowChanged(self.maintenance.allowed(), next_open))
-
-    def _restart_targets(self, restart: str | tuple[str, ...]) -> list[str]:
-        resident = [n for n, rt in self.runtimes.items() if rt.instance.pid is not None]
-        if restart == "all":
-            return resident
-        if restart == "flagged":
-            return [n for n in resident if self.runtimes[n].flags & INSTANCE_FLAGS]
-        if isinstance(restart, tuple):
-            return [n for n in restart if n in resident]
-        return []
-
-    def _window_opened(self, spec: WindowSpec, trigger: str) -> None:
-        window = self.maintenance.open[spec.name]
-        with self._store.session() as session:
-            window.run_id = queries.record_maintenance_run(
-                session, window=spec.name, trigger=trigger, started_at=window.opened_at
-            )
-        targets = self._restart_targets(spec.restart)
-        for name in targets:
-            reason = f"maintenance window {spec.name}"
-            if self.runtimes[name].flags:
-                reason += f" (flagged {', '.join(sorted(self.runtimes[name].flags))})"
-            window.actions.append({"service": name, "action": "restart", "reason": reason})
-            self.feed(RestartRequested(name, reason))
-        self.events.record(
-            "window-open",
-            f"maintenance window {spec.name} open ({trigger}) for "
-            f"{spec.duration_s:g}s; restarting {', '.join(targets) or 'nothing'}"
-            + (f"; allowing {', '.join(spec.allow)}" if spec.allow else ""),
-            data={"window": spec.name, "restart": targets, "allow": list(spec.allow)},
-        )
-        self._feed_windows()
-
-    def _window_closed(self, window: OpenWindow) -> None:
-        if window.run_id is not None:
-            with self._store.session() as session:
-                queries.finish_maintenance_run(
-                    session,
-                    run_id=window.run_id,
-                    ended_at=self._clock.now(),
-                    actions=window.actions,
-                )
-        self.events.record(
-            "window-close",
-            f"maintenance window {window.spec.name} closed",
-            data={"window": window.spec.name},
-        )
-        self._feed_windows()
-
-    def run_window(self, name: str) -> dict[str, Any]:
-        """Open a window now for its duration (``POST /api/maintenance/{name}/run``)."""
-        if name not in self.maintenance.windows:
-            raise ServiceNotFound(f"no maintenance window named {name!r}")
-        self.maintenance.open_window(name, trigger="manual")
-        return self.windows_view(name)
-
-    def add_window(
-        self,
-        *,
-        name: str,
-        start_at: float,
-        duration_s: float,
-        restart: str | list[str],
-        allow: list[str],
-    ) -> dict[str, Any]:
-        """A one-off window an operator scheduled; stored, so it survives restarts."""
-        problems = [
-            f"no service named {svc!r}"
-            for svc in (restart if isinstance(restart, list) else []) + allow
-            if svc not in self.policy.services
-        ]
-        problems += [
-            f"{svc!r} is not a window-only service"
-            for svc in allow
-            if svc in self.policy.services
-            and self.policy.services[svc].residency.value != "window-only"
-        ]
-        if problems:
-            raise InvalidRequest("; ".join(problems))
-        with self._store.session() as session:
-            try:
-                queries.add_api_window(
-                    session,
-                    name=name,
-                    start_at=start_at,
-                    duration_s=duration_s,
-                    restart=restart,
-                    allow=allow,
-                    created_at=self._clock.now(),
-                )
-            except ValueError as exc:
-                raise InvalidRequest(str(exc)) from None
-        self.maintenance.configure(self.window_specs())
-        self._feed_windows()
-        self.events.record(
-            "window-added",
-            f"one-off maintenance window {name} at {start_at:.0f} for {duration_s:g}s "
-            f"(restart {restart})",
-            data={"window": name},
-        )
-        return self.windows_view(name)
-
-    def delete_window(self, name: str) -> None:
-        with self._store.session() as session:
-            deleted = queries.delete_api_window(session, name=name)
-        if not deleted:
-            raise ServiceNotFound(f"no maintenance window named {name!r} created through the API")
-        self.maintenance.close_window(name)
-        self.maintenance.configure(self.window_specs())
-        self._feed_windows()
-        self.events.record("window-deleted", f"maintenance window {name} deleted")
-
-    def windows_view(self, name: str | None = None) -> dict[str, Any]:
-        out = []
-        for spec in self.maintenance.windows.values():
-            if name is not None and spec.name != name:
-                continue
-            window = self.maintenance.open.get(spec.name)
-            out.append(
-                {
-                    "name": spec.name,
-                    "origin": spec.origin,
-                    "cron": spec.cron,
-                    "start_at": spec.start_at,
-                    "duration_s": spec.duration_s,
-                    "timezone": spec.timezone,
-                    "restart": spec.restart
-                    if isinstance(spec.restart, str)
-                    else list(spec.restart),
-                    "allow": list(spec.allow),
-                    "next_start": self.maintenance.next_start(spec.name),
-                    "open": window is not None,
-                    "closes_at": window.closes_at if window else None,
-                }
-            )
-        if name is not None:
-            return out[0]
-        return {"windows": out}
 
     # ------------------------------------------------------------- for the proxy
 
@@ -960,8 +773,11 @@ class Orchestrator:
     async def load(self, name: str) -> dict[str, Any]:
         """Load a service (clears ``failed``) and wait until it is ready or refused."""
         rt = self.runtime(name)
-        if rt.spec.residency.value == "window-only" and name not in self.maintenance.allowed():
-            opens = self.maintenance.next_allowed_at().get(name)
+        if (
+            rt.spec.residency.value == "window-only"
+            and name not in self.windows.maintenance.allowed()
+        ):
+            opens = self.windows.maintenance.next_allowed_at().get(name)
             wait = None if opens is None else max(0.0, opens - self._clock.now())
             raise WindowClosed(
                 f"{name} runs only in a maintenance window that allows it; none is open",
@@ -1090,3 +906,11 @@ class Orchestrator:
     @property
     def scheduler(self) -> Scheduler:
         return self._scheduler
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock

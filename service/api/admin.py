@@ -147,12 +147,12 @@ def policy_error_response(exc: PolicyError) -> JSONResponse:
 
 @router.get("/api/maintenance")
 async def maintenance(orchestrator: OrchestratorDep) -> dict[str, Any]:
-    return orchestrator.windows_view()
+    return orchestrator.windows.view()
 
 
 @router.post("/api/maintenance/{name}/run")
 async def run_window(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
-    return orchestrator.run_window(name)
+    return orchestrator.windows.run(name)
 
 
 class NewWindow(BaseModel):
@@ -182,7 +182,7 @@ async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str
         start_at = start.timestamp()
     if not now - 86400 <= start_at <= now + 10 * 365 * 86400:
         raise InvalidRequest("start: must be within the next ten years (or at most a day ago)")
-    return orchestrator.add_window(
+    return orchestrator.windows.add(
         name=body.name,
         start_at=start_at,
         duration_s=duration,
@@ -193,7 +193,7 @@ async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str
 
 @router.delete("/api/maintenance/{name}", status_code=204)
 async def delete_window(name: str, orchestrator: OrchestratorDep) -> Response:
-    orchestrator.delete_window(name)
+    orchestrator.windows.delete(name)
     return Response(status_code=204)
 
 

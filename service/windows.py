@@ -1,0 +1,218 @@
+"""Maintenance windows as the daemon lives them: what opening one does, and the API.
+
+``maintenance.Maintenance`` knows *when* windows open and close (APScheduler); this
+module decides what that means for the services, through the orchestrator like every
+other change: restarting the window's targets (``RestartRequested``: drain first),
+allowing its window-only services (``WindowChanged``), recording each run in SQLite,
+and the operator's one-off windows (``POST``/``DELETE /api/maintenance``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from service.domain import INSTANCE_FLAGS
+from service.errors import InvalidRequest, ServiceNotFound
+from service.maintenance import Maintenance, OpenWindow, WindowSpec
+from service.scheduler import RestartRequested, WindowChanged
+from service.store import queries
+
+if TYPE_CHECKING:
+    from service.orchestrator import Orchestrator
+
+
+class Windows:
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orc = orchestrator
+        self.maintenance = Maintenance(
+            clock=orchestrator.clock, on_open=self._opened, on_close=self._closed
+        )
+
+    def start(self) -> None:
+        self.maintenance.start(self.specs())
+        self.changed()
+
+    def shutdown(self) -> None:
+        self.maintenance.shutdown()
+
+    def reconfigure(self) -> None:
+        """Derive the jobs again (a policy was applied, an API window added or removed)."""
+        self.maintenance.configure(self.specs())
+        self.changed()
+
+    def specs(self) -> list[WindowSpec]:
+        """The policy's windows and the one-off windows operators created (SQLite)."""
+        specs = [
+            WindowSpec(
+                name=w.name,
+                cron=w.cron,
+                duration_s=w.duration,
+                timezone=w.timezone,
+                restart=w.restart if isinstance(w.restart, str) else tuple(w.restart),
+                allow=tuple(w.allow),
+            )
+            for w in self._orc.policy.maintenance.windows
+        ]
+        with self._orc.store.session() as session:
+            for row in queries.list_windows(session):
+                if row.origin == "api" and row.start_at is not None:
+                    specs.append(
+                        WindowSpec(
+                            name=row.name,
+                            start_at=row.start_at,
+                            duration_s=row.duration_s,
+                            timezone=row.timezone,
+                            restart=row.restart
+                            if isinstance(row.restart, str)
+                            else tuple(row.restart),
+                            allow=tuple(row.allow),
+                            origin="api",
+                        )
+                    )
+        return specs
+
+    def changed(self) -> None:
+        mono, wall = self._orc.clock.monotonic(), self._orc.clock.now()
+        next_open = {
+            name: mono + max(0.0, at - wall)
+            for name, at in self.maintenance.next_allowed_at().items()
+        }
+        self._orc.feed(WindowChanged(self.maintenance.allowed(), next_open))
+
+    def _restart_targets(self, restart: str | tuple[str, ...]) -> list[str]:
+        resident = [n for n, rt in self._orc.runtimes.items() if rt.instance.pid is not None]
+        if restart == "all":
+            return resident
+        if restart == "flagged":
+            return [n for n in resident if self._orc.runtimes[n].flags & INSTANCE_FLAGS]
+        if isinstance(restart, tuple):
+            return [n for n in restart if n in resident]
+        return []
+
+    def _opened(self, spec: WindowSpec, trigger: str) -> None:
+        window = self.maintenance.open[spec.name]
+        with self._orc.store.session() as session:
+            window.run_id = queries.record_maintenance_run(
+                session, window=spec.name, trigger=trigger, started_at=window.opened_at
+            )
+        targets = self._restart_targets(spec.restart)
+        for name in targets:
+            reason = f"maintenance window {spec.name}"
+            if self._orc.runtimes[name].flags:
+                reason += f" (flagged {', '.join(sorted(self._orc.runtimes[name].flags))})"
+            window.actions.append({"service": name, "action": "restart", "reason": reason})
+            self._orc.feed(RestartRequested(name, reason))
+        self._orc.events.record(
+            "window-open",
+            f"maintenance window {spec.name} open ({trigger}) for "
+            f"{spec.duration_s:g}s; restarting {', '.join(targets) or 'nothing'}"
+            + (f"; allowing {', '.join(spec.allow)}" if spec.allow else ""),
+            data={"window": spec.name, "restart": targets, "allow": list(spec.allow)},
+        )
+        self.changed()
+
+    def _closed(self, window: OpenWindow) -> None:
+        if window.run_id is not None:
+            with self._orc.store.session() as session:
+                queries.finish_maintenance_run(
+                    session,
+                    run_id=window.run_id,
+                    ended_at=self._orc.clock.now(),
+                    actions=window.actions,
+                )
+        self._orc.events.record(
+            "window-close",
+            f"maintenance window {window.spec.name} closed",
+            data={"window": window.spec.name},
+        )
+        self.changed()
+
+    def run(self, name: str) -> dict[str, Any]:
+        """Open a window now for its duration (``POST /api/maintenance/{name}/run``)."""
+        if name not in self.maintenance.windows:
+            raise ServiceNotFound(f"no maintenance window named {name!r}")
+        self.maintenance.open_window(name, trigger="manual")
+        return self.view(name)
+
+    def add(
+        self,
+        *,
+        name: str,
+        start_at: float,
+        duration_s: float,
+        restart: str | list[str],
+        allow: list[str],
+    ) -> dict[str, Any]:
+        """A one-off window an operator scheduled; stored, so it survives restarts."""
+        problems = [
+            f"no service named {svc!r}"
+            for svc in (restart if isinstance(restart, list) else []) + allow
+            if svc not in self._orc.policy.services
+        ]
+        problems += [
+            f"{svc!r} is not a window-only service"
+            for svc in allow
+            if svc in self._orc.policy.services
+            and self._orc.policy.services[svc].residency.value != "window-only"
+        ]
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        with self._orc.store.session() as session:
+            try:
+                queries.add_api_window(
+                    session,
+                    name=name,
+                    start_at=start_at,
+                    duration_s=duration_s,
+                    restart=restart,
+                    allow=allow,
+                    created_at=self._orc.clock.now(),
+                )
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
+        self.maintenance.configure(self.specs())
+        self.changed()
+        self._orc.events.record(
+            "window-added",
+            f"one-off maintenance window {name} at {start_at:.0f} for {duration_s:g}s "
+            f"(restart {restart})",
+            data={"window": name},
+        )
+        return self.view(name)
+
+    def delete(self, name: str) -> None:
+        with self._orc.store.session() as session:
+            deleted = queries.delete_api_window(session, name=name)
+        if not deleted:
+            raise ServiceNotFound(f"no maintenance window named {name!r} created through the API")
+        self.maintenance.close_window(name)
+        self.maintenance.configure(self.specs())
+        self.changed()
+        self._orc.events.record("window-deleted", f"maintenance window {name} deleted")
+
+    def view(self, name: str | None = None) -> dict[str, Any]:
+        out = []
+        for spec in self.maintenance.windows.values():
+            if name is not None and spec.name != name:
+                continue
+            window = self.maintenance.open.get(spec.name)
+            out.append(
+                {
+                    "name": spec.name,
+                    "origin": spec.origin,
+                    "cron": spec.cron,
+                    "start_at": spec.start_at,
+                    "duration_s": spec.duration_s,
+                    "timezone": spec.timezone,
+                    "restart": spec.restart
+                    if isinstance(spec.restart, str)
+                    else list(spec.restart),
+                    "allow": list(spec.allow),
+                    "next_start": self.maintenance.next_start(spec.name),
+                    "open": window is not None,
+                    "closes_at": window.closes_at if window else None,
+                }
+            )
+        if name is not None:
+            return out[0]
+        return {"windows": out}
