@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import targets
 from bench.report import markdown, print_report
 from bench.sim.benchdata import parse_bench_data
 from bench.sim.harness import RunResult, run_system
@@ -62,7 +63,7 @@ def build_report(
 ) -> dict[str, Any]:
     """The ``--json`` document (its keys are listed in docs/benchmarks.md)."""
     device = setup.policy.device
-    return {
+    report: dict[str, Any] = {
         "trace": trace_name,
         "policy": policy_name,
         "bench_data": bench_name,
@@ -74,11 +75,20 @@ def build_report(
             "budget_bytes": device.budget,
             "headroom_bytes": device.headroom,
         },
+        "priorities": {name: info.priority for name, info in setup.services.items()},
         "policies": {
             name: {**result.summary, "wall_s": round(result.wall_s, 3)}
             for name, result in results.items()
         },
     }
+    if all(name in results for name in targets.NEEDED):
+        checked = targets.check(report)
+        report["targets"] = [
+            {"name": t.name, "value": t.value, "bound": t.bound, "met": t.met, "text": t.text}
+            for t in checked
+        ]
+        report["why_lost"] = targets.why_lost(report, checked)
+    return report
 
 
 def _parser() -> argparse.ArgumentParser:

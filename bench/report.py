@@ -31,6 +31,7 @@ MAIN_COLUMNS = (
     "SLO",
     "mem avg",
 )
+TARGET_COLUMNS = ("target", "result", "figures")
 CLASS_COLUMNS = (
     "policy",
     "priority",
@@ -107,6 +108,12 @@ def class_rows(report: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+def target_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    return [
+        [t["name"], "met" if t["met"] else "MISSED", t["text"]] for t in report.get("targets", [])
+    ]
+
+
 def title(report: Mapping[str, Any]) -> str:
     return (
         f"{report['trace']}: {report['requests']} requests over {report['horizon_s']:.0f} s, "
@@ -130,6 +137,15 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
         for row in rows:
             table.add_row(*row)
         console.print(table)
+    if report.get("targets"):
+        table = Table(title="vramd against the targets (bench.targets)", title_justify="left")
+        for column in TARGET_COLUMNS:
+            table.add_column(column)
+        for row in target_rows(report):
+            table.add_row(*row)
+        console.print(table)
+        for reason in report.get("why_lost", []):
+            console.print(f"where vramd loses: {reason}", markup=False)
 
 
 def markdown(report: Mapping[str, Any], *, per_class: bool = True) -> str:
@@ -144,4 +160,8 @@ def markdown(report: Mapping[str, Any], *, per_class: bool = True) -> str:
     if per_class:
         out += ["", "Per priority class:", ""]
         out += table(CLASS_COLUMNS, class_rows(report))
+    if report.get("targets"):
+        out += ["", "Targets:", ""]
+        out += table(TARGET_COLUMNS, target_rows(report))
+        out += [""] + [f"- where vramd loses: {reason}" for reason in report.get("why_lost", [])]
     return "\n".join(out) + "\n"

@@ -1,6 +1,6 @@
 """The client commands of ``vramd`` (DESIGN section 7): they talk to a daemon over HTTP.
 
-``ps``, ``load``/``unload``/``restart``, ``apply``, ``events``, ``windows`` (``add``,
+``ps``, ``load``/``unload``/``restart``, ``explain``, ``apply``, ``events``, ``windows`` (``add``,
 ``rm``), ``incidents`` and ``import llama-swap`` (which reads a file and needs no daemon).
 Each daemon command takes ``--url`` (default ``$VRAMD_URL`` or http://127.0.0.1:8400)
 and sends ``$VRAMD_ADMIN_KEY`` as a bearer key when it is set. Exit codes as in
@@ -132,7 +132,7 @@ def ps(url: UrlOption = None, as_json: JsonOption = False) -> None:
         add_row(
             table,
             svc.get("name"),
-            svc.get("state"),
+            "waiting" if svc.get("waiting_for") else svc.get("state"),
             svc.get("device"),
             memory_cell(svc),
             svc.get("in_flight", 0),
@@ -142,7 +142,10 @@ def ps(url: UrlOption = None, as_json: JsonOption = False) -> None:
         )
     out.print(table)
     for svc in services:
-        if svc.get("last_error") and svc.get("state") in ("failed", "backoff", "stopped"):
+        if svc.get("waiting_for"):
+            text = str(svc["waiting_for"]).removeprefix(f"{svc['name']} ")
+            out.print(f"{svc['name']}: {text}", markup=False)
+        elif svc.get("last_error") and svc.get("state") in ("failed", "backoff", "stopped"):
             out.print(f"{svc['name']}: {svc['last_error']}", markup=False)
 
 
@@ -178,7 +181,10 @@ def describe_service(svc: dict[str, Any]) -> str:
     if svc.get("state") == "ready" and svc.get("last_load_s") is not None:
         parts.append(f"loaded in {format_duration(svc['last_load_s'])}")
     detail = f" ({', '.join(parts)})" if parts else ""
-    return f"{svc.get('name')}: {svc.get('state')}{detail}"
+    line = f"{svc.get('name')}: {svc.get('state')}{detail}"
+    if svc.get("waiting_for"):
+        line += f"; {svc['waiting_for']} (it loads as soon as it can)"
+    return line
 
 
 def load(name: NameArg, url: UrlOption = None) -> None:
@@ -194,9 +200,34 @@ def unload(name: NameArg, url: UrlOption = None) -> None:
 
 
 def restart(name: NameArg, url: UrlOption = None) -> None:
-    """Stop a service and load it again."""
+    """Restart a service, drained: requests in flight finish, new ones wait for it."""
     with connect(url, name) as client:
         out.print(describe_service(client.restart(name)), markup=False)
+
+
+def explain(name: NameArg, url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """What loading a service now would do (fit, evict, wait, never), changing nothing."""
+    with connect(url, name) as client:
+        answer = client.admission(name)
+    if as_json:
+        print_json(answer)
+        return
+    out.print(answer["message"], markup=False)
+    for victim in answer.get("victims", []):
+        state = (
+            "already stopping"
+            if victim.get("already_stopping")
+            else ("busy, drained first" if victim.get("busy") else "idle")
+        )
+        out.print(
+            f"  evicts {victim['service']} ({victim['residency']}, priority "
+            f"{victim['priority']}, {state}): frees {format_size(victim['bytes'])}",
+            markup=False,
+        )
+    for holder in answer.get("holders", []):
+        when = holder.get("yields_in_s")
+        suffix = f" [can yield in {format_duration(when)}]" if when is not None else ""
+        out.print(f"  waits for {holder['text']}{suffix}", markup=False)
 
 
 # -------------------------------------------------------------------- apply
@@ -510,7 +541,7 @@ def import_llamaswap(
 
 
 def _register(app: typer.Typer) -> None:
-    for command in (ps, load, unload, restart, apply, events, incidents):
+    for command in (ps, load, unload, restart, explain, apply, events, incidents):
         app.command()(command)
     app.add_typer(windows_app, name="windows")
     app.add_typer(import_app, name="import")

@@ -107,6 +107,9 @@ class AdminClient:
     def restart(self, name: str) -> dict[str, Any]:
         return self._json("POST", f"/api/services/{name}/restart", timeout=SLOW_TIMEOUT)
 
+    def admission(self, name: str) -> dict[str, Any]:
+        return self._json("GET", f"/api/services/{name}/admission")
+
     def apply_policy(self, text: str, *, dry_run: bool = False) -> dict[str, Any]:
         """The daemon's answer: ``{dry_run, diff, lines, version, changed}``."""
         params = {"dry_run": "true"} if dry_run else {}

@@ -137,8 +137,14 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
     queued = GaugeMetricFamily(
         "vramd_service_queued", "Requests waiting for a slot.", labels=["service"]
     )
+    waiting = GaugeMetricFamily(
+        "vramd_service_waiting_for_memory",
+        "1 while a load of the service waits for memory others hold (DESIGN section 4).",
+        labels=["service"],
+    )
     for svc in services:
         name = svc["name"]
+        waiting.add_metric([name], 1 if svc.get("waiting_for_memory") else 0)
         for value in STATES:
             state.add_metric([name, value], 1 if svc.get("state") == value else 0)
         raised = set(svc.get("flags") or ())
@@ -146,7 +152,7 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
             flag.add_metric([name, value], 1 if value in raised else 0)
         in_flight.add_metric([name], svc.get("in_flight") or 0)
         queued.add_metric([name], svc.get("queued") or 0)
-    yield from (state, flag, in_flight, queued)
+    yield from (state, flag, in_flight, queued, waiting)
 
     for key, help_ in SERVICE_COUNTERS:
         counter = CounterMetricFamily(f"vramd_service_{key}", help_, labels=["service"])

@@ -67,6 +67,7 @@ from service.scheduler import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    RestartRequested,
     Scheduler,
     Start,
     Stop,
@@ -786,16 +787,28 @@ class Orchestrator:
         rt.flags.discard("crash-looping")
         self.events.record("operator", f"load {name} requested", service=name)
         self.feed(LoadRequested(name))
-        deadline = self._clock.monotonic() + rt.spec.startup_timeout + 30
+        return await self._until_loaded(rt, loads_before=None)
+
+    async def _until_loaded(
+        self, rt: ServiceRuntime, *, loads_before: int | None
+    ) -> dict[str, Any]:
+        """Wait until ``rt`` is ready (a new instance, if ``loads_before`` is given), or
+        refused; return at once when its load has to wait for memory others hold
+        (``waiting_for`` says for what: the load still happens when it can)."""
+        name = rt.name
+        deadline = self._clock.monotonic() + rt.spec.stop_timeout + rt.spec.startup_timeout + 30
         while self._clock.monotonic() < deadline:
             state = rt.instance.state
             view = self._scheduler.service_view(name)
-            if state is S.READY:
+            fresh = loads_before is None or rt.counters["loads"] > loads_before
+            if state is S.READY and fresh and view.state == "ready":
                 return self.service_view(name)
             if state is S.FAILED:
                 raise RuntimeFailed(f"{name} failed to load: {rt.instance.last_error}")
             if view.state == "stopped" and not view.waiting_for_memory and view.error:
                 raise InsufficientCapacity(view.error)
+            if view.waiting_for is not None and not view.evicting:
+                return self.service_view(name)
             await self._clock.sleep(0.05)
         return self.service_view(name)
 
@@ -814,8 +827,20 @@ class Orchestrator:
         return self.service_view(name)
 
     async def restart(self, name: str) -> dict[str, Any]:
-        await self.unload(name)
-        return await self.load(name)
+        """A drained restart (DESIGN section 4) and wait for the new instance; a service
+        that is not loaded is loaded."""
+        rt = self.runtime(name)
+        if self._scheduler.service_view(name).state not in ("starting", "ready"):
+            return await self.load(name)
+        self.events.record("operator", f"restart {name} requested", service=name)
+        loads_before = rt.counters["loads"]
+        self.feed(RestartRequested(name, "requested by an operator"))
+        return await self._until_loaded(rt, loads_before=loads_before)
+
+    def admission(self, name: str) -> dict[str, Any]:
+        """What loading ``name`` now would do (``GET /api/services/{name}/admission``)."""
+        self.runtime(name)
+        return self._scheduler.explain(name, self._clock.monotonic()).as_dict()
 
     def logs(self, name: str, tail: int) -> list[dict[str, Any]]:
         rt = self.runtime(name)

@@ -18,6 +18,7 @@ Extensions to the contract (the contract's form keeps working):
 from __future__ import annotations
 
 import copy
+import math
 import re
 import zoneinfo
 from collections.abc import Callable, Mapping
@@ -63,6 +64,39 @@ Duration = Annotated[
         {
             "anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}],
             "description": DURATION_HINT,
+        }
+    ),
+]
+
+NEVER: Literal["never"] = "never"
+ProtectValue = float | Literal["never"]
+
+
+def parse_protect(value: object) -> ProtectValue:
+    """``never`` or a duration (DESIGN section 4's ``protect``)."""
+    if isinstance(value, str) and value.strip().lower() == "never":
+        return NEVER
+    return parse_duration(value)
+
+
+# How long an idle instance keeps its memory against lower priorities, by residency,
+# when a service does not say (DESIGN section 4; the choice is explained in
+# docs/benchmarks.md). Pinned services are never evicted, so they have no entry.
+DEFAULT_PROTECT_S: dict[Residency, float] = {
+    Residency.WARM: 600.0,
+    Residency.ON_DEMAND: 120.0,
+    Residency.WINDOW_ONLY: 0.0,
+}
+Protect = Annotated[
+    float | Literal["never"],
+    BeforeValidator(parse_protect),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string"},
+            ],
+            "description": f"{DURATION_HINT}, or never",
         }
     ),
 ]
@@ -131,6 +165,8 @@ class Defaults(_Strict):
     health: StrictStr = "/health"
     env: dict[StrictStr, StrictStr] = {}
     gpus: list[GpuIndex] | None = None
+    # Unset: each residency's own default (DEFAULT_PROTECT_S).
+    protect: Protect | None = None
 
     # Checked here too, so a bad default is reported once at defaults.health rather
     # than once per service it is merged into.
@@ -166,6 +202,8 @@ class Service(_Strict):
     priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
     # None until resolved: load_policy fills in the effective TTL per residency.
     idle_ttl: Duration | None = None
+    # None until resolved: load_policy fills in the residency's default (pinned: never).
+    protect: Protect | None = None
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     gpus: list[GpuIndex] | None = None
@@ -296,6 +334,7 @@ def load_policy(text: str) -> Policy:
         raise PolicyError(_sorted_unique(issues))
     assert policy is not None
     _resolve_idle_ttls(policy)
+    _resolve_protect(policy)
     return policy
 
 
@@ -317,6 +356,8 @@ def _merge_defaults(data: dict[str, Any], positions: Positions) -> list[PolicyIs
         for key, value in raw_defaults.items():
             if key in bad_keys or key == "idle_ttl":
                 continue
+            if key == "protect" and service.get("residency") == Residency.PINNED.value:
+                continue  # pinned services are never evicted: nothing to protect
             target, source = ("services", name, key), ("defaults", key)
             if key not in service:
                 service[key] = copy.deepcopy(value)
@@ -485,6 +526,12 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                 (*base, "preload"),
                 f"preload applies only to warm services, not {service.residency}",
             )
+        if service.residency is Residency.PINNED and service.protect is not None:
+            add(
+                (*base, "protect"),
+                "a pinned service is never evicted, so protect does not apply; remove it",
+                key=True,
+            )
         if isinstance(policy.device.gpus, list) and service.gpus:
             for i, gpu in enumerate(service.gpus):
                 if gpu not in policy.device.gpus:
@@ -552,6 +599,24 @@ def _resolve_idle_ttls(policy: Policy) -> None:
         elif service.idle_ttl is None:
             warm = service.residency is Residency.WARM
             service.idle_ttl = 0.0 if warm else policy.defaults.idle_ttl
+
+
+def _resolve_protect(policy: Policy) -> None:
+    """Fill in each service's effective ``protect`` (pinned: never; it is not evicted)."""
+    for service in policy.services.values():
+        if service.residency is Residency.PINNED:
+            service.protect = NEVER
+        elif service.protect is None:
+            service.protect = DEFAULT_PROTECT_S[service.residency]
+
+
+def protect_seconds(value: float | str | None, residency: Residency) -> float:
+    """``protect`` as seconds: ``math.inf`` for never, the residency default for None."""
+    if value == NEVER or residency is Residency.PINNED:
+        return math.inf
+    if value is None:
+        return DEFAULT_PROTECT_S[residency]
+    return float(value)
 
 
 def _issue(path: PathKey, message: str, pos: tuple[int, int] | None) -> PolicyIssue:

@@ -43,7 +43,13 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "in_flight": view.in_flight,
         "queued": view.queued,
         "waiting_for_memory": view.waiting_for_memory,
+        # What a waiting load waits for, in words and per holder (DESIGN section 4).
+        "waiting_for": view.waiting_for,
+        "wait_holders": list(view.wait_holders),
+        "evicting": list(view.evicting),
         "idle_for_s": view.idle_for,
+        "protect_s": None if spec.protect == "never" else spec.protect,
+        "protected_for_s": view.protected_for,
         "requests_served": rt.counters["requests_served"],
         "loads": rt.counters["loads"],
         "evictions": rt.counters["evictions"],

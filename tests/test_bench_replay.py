@@ -273,8 +273,10 @@ def test_json_report_has_the_documented_keys(tmp_path: Path) -> None:
     assert replay.main(argv) == 0
     report = json.loads(out.read_text())
     assert set(report) == {
-        "trace", "policy", "bench_data", "requests", "horizon_s", "device", "policies"
+        "trace", "policy", "bench_data", "requests", "horizon_s", "device", "priorities",
+        "policies", "targets", "why_lost",
     }  # fmt: skip
+    assert [t["name"] for t in report["targets"]] == ["no-oom", "served", "slo", "top-p99", "cold"]
     assert list(report["policies"]) == ["vramd", "swap-one", "lru-count", "static", "unbounded"]
     for figures in report["policies"].values():
         assert set(RUN_KEYS) | {"wall_s"} == set(figures)

@@ -73,7 +73,15 @@ def fake_status() -> dict[str, Any]:
         ],
         "services": [
             service,
-            dict(service, name="embed", state="stopped", cap_bytes=None, flags=[], loads=0),
+            dict(
+                service,
+                name="embed",
+                state="stopped",
+                cap_bytes=None,
+                flags=[],
+                loads=0,
+                waiting_for_memory=True,
+            ),
         ],
     }
 
@@ -137,6 +145,8 @@ def test_service_gauges_and_absent_values(metrics: Metrics) -> None:
     assert value(text, "vramd_service_estimate_bytes", **chat) == 450 * MiB
     assert value(text, "vramd_service_cap_bytes", **chat) == 600 * MiB
     assert value(text, "vramd_service_queued", **chat) == 1
+    assert value(text, "vramd_service_waiting_for_memory", **chat) == 0
+    assert value(text, "vramd_service_waiting_for_memory", service="embed") == 1
     # Not learned yet, no cap: no sample rather than a misleading zero.
     assert value(text, "vramd_service_learned_peak_bytes", **chat) is None
     assert value(text, "vramd_service_cap_bytes", service="embed") is None

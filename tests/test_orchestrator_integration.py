@@ -167,12 +167,14 @@ async def test_lru_decides_between_near_equal_reload_costs(
     assert victim == "a"
 
 
-async def test_higher_priority_evicts_lower_never_the_reverse(
+async def test_a_lower_priority_waits_for_an_idle_higher_one_then_evicts_it(
     harness: OrchestratorHarness,
 ) -> None:
     services = {
-        "low": demo_service(memory_mib=60, estimate_mib=250, priority=10),
-        "high": demo_service(memory_mib=60, estimate_mib=250, priority=100),
+        "low": demo_service(
+            memory_mib=60, estimate_mib=250, priority=10, queue={"max": 4, "timeout": "1s"}
+        ),
+        "high": demo_service(memory_mib=60, estimate_mib=250, priority=100, protect="3s"),
     }
     daemon = await harness.start(policy_text(services))
     orc = daemon.orchestrator
@@ -185,20 +187,22 @@ async def test_higher_priority_evicts_lower_never_the_reverse(
     assert victims(daemon) == [["low"]]
     high_pid = daemon.view("high")["pid"]
 
-    # high is idle, but low may never evict a higher priority: refused at once.
-    started = time.monotonic()
-    with pytest.raises(InsufficientCapacity) as refused:
+    # high was just used: low waits for its protection, and here times out first.
+    with pytest.raises(QueueTimeout) as timed_out:
         await orc.acquire("low")
-    assert time.monotonic() - started < 5
-    assert refused.value.status == 503
-    assert refused.value.code == "insufficient_capacity"
-    assert "high (on-demand, priority 100) holds 250MiB" in refused.value.message
+    assert timed_out.value.status == 503
+    assert "high (on-demand, priority 100) used" in timed_out.value.message
+    assert "protected for another" in timed_out.value.message
     assert daemon.view("high")["state"] == "ready"
     assert daemon.view("high")["pid"] == high_pid
-    assert daemon.view("low")["state"] == "stopped"
-    assert victims(daemon) == [["low"]]
-    assert any(e["service"] == "low" for e in daemon.events(kind="refuse"))
-    assert [e["data"]["code"] for e in daemon.events(kind="reject")] == ["insufficient_capacity"]
+    assert not daemon.events(kind="refuse")  # it waited; nothing was refused
+
+    # Once high has been idle for its protect, low evicts it and is served.
+    await wait_until(lambda: daemon.view("high")["protected_for_s"] == 0, timeout=15)
+    lease = await orc.acquire("low")
+    orc.release(lease, outcome="ok")
+    assert victims(daemon) == [["low"], ["high"]]
+    assert daemon.view("high")["state"] == "stopped"
 
 
 async def test_pinned_survives_every_mix(harness: OrchestratorHarness) -> None:
@@ -223,7 +227,7 @@ async def test_pinned_survives_every_mix(harness: OrchestratorHarness) -> None:
             # 300MiB needs the pinned service's memory: nothing may take it.
             with pytest.raises(InsufficientCapacity) as refused:
                 await orc.acquire(name)
-            assert "pin (pinned) holds 150MiB" in refused.value.message
+            assert "pinned pin holds 150MiB" in refused.value.message
             refusals += 1
         else:
             lease = await orc.acquire(name)
@@ -252,7 +256,7 @@ async def test_impossible_request_is_refused_at_once(harness: OrchestratorHarnes
     assert time.monotonic() - started < 5
     message = refused.value.message
     assert message.startswith("giant needs 500MiB but at most ")
-    assert "pin (pinned) holds 100MiB" in message
+    assert "pinned pin holds 100MiB" in message
     assert "headroom 16MiB" in message
     assert "budget limit 400MiB" in message
     assert daemon.view("giant")["state"] == "stopped"

@@ -7,6 +7,7 @@ test needs to build consistent memory samples.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from service.scheduler import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    RestartRequested,
     Scheduler,
     ServiceRule,
     Start,
@@ -68,6 +70,7 @@ def rule(
     stop_timeout_s: float = 15.0,
     gpus: tuple[int, ...] | None = None,
     preload: bool = False,
+    protect_s: float | None = None,
 ) -> ServiceRule:
     return ServiceRule(
         name=name,
@@ -82,6 +85,7 @@ def rule(
         stop_timeout_s=stop_timeout_s,
         gpus=gpus,
         preload=preload,
+        protect_s=protect_s,
     )
 
 
@@ -217,38 +221,81 @@ def test_warm_loads_on_first_request_unless_preloaded() -> None:
 
 
 @pytest.mark.parametrize(
-    ("victim", "victim_priority", "evictor_priority", "evicted"),
+    ("victim", "victim_priority", "evictor_priority", "yields_after"),
     [
-        (PINNED, 0, 1000, False),
-        (WARM, 100, 100, False),  # an equal priority cannot evict a warm service
-        (WARM, 100, 101, True),
-        (ON_DEMAND, 100, 100, True),
-        (ON_DEMAND, 100, 99, False),  # a lower priority never evicts a higher one
-        (WINDOW, 500, 1, True),  # window-only: batch work, evictable by anything
+        (WARM, 100, 101, 0.0),  # a strictly higher priority evicts a warm service at once
+        (WARM, 100, 100, 600.0),  # an equal one once it has been idle for protect (10m)
+        (WARM, 100, 99, 600.0),  # ... and so does a lower one
+        (ON_DEMAND, 100, 100, 0.0),
+        (ON_DEMAND, 100, 99, 120.0),  # a lower priority after protect (2m)
+        (WINDOW, 500, 1, 0.0),  # window-only: batch work, evictable by anything
     ],
 )
-def test_who_may_evict_whom(
-    victim: Residency, victim_priority: int, evictor_priority: int, evicted: bool
+def test_who_may_evict_whom_and_when(
+    victim: Residency, victim_priority: int, evictor_priority: int, yields_after: float
 ) -> None:
     world = World(
         rule("victim", victim, priority=victim_priority),
-        rule("evictor", priority=evictor_priority),
+        rule("evictor", priority=evictor_priority, queue_timeout_s=3600),
     )
     world.send(WindowChanged(frozenset({"victim"})))
-    if victim is not PINNED:
-        world.serve("victim")
+    world.serve("victim")  # last used at t=0
+    if yields_after:
+        actions = world.request("e1", "evictor", at=yields_after / 2)
+        assert stops(actions) == [] and rejects(actions) == {}
+        [wait] = notes(actions, "wait")
+        assert wait.data["holders"][0]["service"] == "victim"
+        assert wait.data["holders"][0]["why"] == "protected"
+        assert wait.data["holders"][0]["yields_in_s"] == yields_after / 2
+        assert stops(world.tick(yields_after - 0.1)) == []
+        actions = world.tick(yields_after)
     else:
-        world.ready("victim")
-    actions = world.request("e1", "evictor")
-    if evicted:
-        assert stops(actions) == [("victim", True), ("victim", False)]
-        assert starts(actions) == []
-        assert [n.data["victims"] for n in notes(actions, "evict")] == [["victim"]]
-        assert starts(world.stopped("victim")) == ["evictor"]
-    else:
-        assert stops(actions) == []
-        assert rejects(actions) == {"e1": "insufficient_capacity"}
-        assert "victim" in reject_of(actions, "e1").message
+        actions = world.request("e1", "evictor")
+    assert stops(actions) == [("victim", True), ("victim", False)]
+    assert starts(actions) == []
+    assert [n.data["victims"] for n in notes(actions, "evict")] == [["victim"]]
+    assert starts(world.stopped("victim")) == ["evictor"]
+
+
+def test_a_pinned_service_is_never_evicted_and_what_cannot_fit_beside_it_is_refused() -> None:
+    world = World(rule("victim", PINNED, priority=0), rule("evictor", priority=1000))
+    world.ready("victim")
+    world.sample()
+    actions = world.request("e1", "evictor", at=1e6)
+    assert stops(actions) == []
+    assert rejects(actions) == {"e1": "insufficient_capacity"}
+    assert "pinned victim holds 600MiB" in reject_of(actions, "e1").message
+
+
+@pytest.mark.parametrize("residency", [WARM, ON_DEMAND])
+def test_protect_never_keeps_memory_from_lower_priorities_for_good(residency: Residency) -> None:
+    world = World(
+        rule("hi", residency, priority=200, protect_s=math.inf),
+        rule("lo", priority=100, queue_timeout_s=1e9),
+    )
+    world.serve("hi")
+    assert stops(world.request("l1", "lo", at=10)) == []
+    assert stops(world.tick(1e8)) == []
+    [holder] = world.sched.service_view("lo").wait_holders
+    assert holder["why"] == "never"
+
+
+def test_a_busy_higher_priority_is_never_evicted_for_a_lower_one() -> None:
+    world = World(
+        rule("hi", WARM, priority=200, protect_s=5, max_concurrency=1, queue_timeout_s=1e9),
+        rule("lo", priority=100, queue_timeout_s=1e9),
+    )
+    world.serve("hi")
+    world.request("h1", "hi", at=10)
+    world.request("h2", "hi", at=10)  # queued behind h1
+    world.request("l1", "lo", at=11)
+    assert stops(world.tick(100)) == []
+    assert world.sched.service_view("lo").wait_holders[0]["why"] == "busy"
+    world.finish("h1", at=101)  # h2 runs now: still busy
+    assert stops(world.tick(200)) == []
+    world.finish("h2", at=201)  # idle from 201, protected until 206
+    assert stops(world.tick(205.9)) == []
+    assert stops(world.tick(206)) == [("hi", True), ("hi", False)]
 
 
 @pytest.mark.parametrize(
@@ -378,7 +425,7 @@ def test_step1_impossible_load_is_refused_at_once_naming_the_holders() -> None:
     assert rejected.code == "insufficient_capacity"
     assert rejected.message == (
         "demo-image needs 600MiB but at most 410MiB can be freed on device 0: "
-        "chat (pinned) holds 450MiB, foreign processes 300MiB, headroom 128MiB"
+        "pinned chat holds 450MiB, foreign processes 300MiB, headroom 128MiB"
     )
     assert notes(actions, "refuse")
     assert starts(actions) == [] and stops(actions) == []
@@ -425,7 +472,10 @@ def test_two_loads_at_the_same_instant_never_overcommit() -> None:
     assert starts(world.request("r1", "a", at=5)) == ["a"]
     actions = world.request("r2", "b", at=5)
     assert starts(actions) == []
-    assert [n.message for n in notes(actions, "wait")] == ["b waits for 600MiB: still starting: a"]
+    assert [n.message for n in notes(actions, "wait")] == [
+        "b waits for 600MiB (400MiB on device 0 available): a (on-demand, priority 100) "
+        "still starting"
+    ]
     assert notes(world.sample(), "wait") == []  # the same wait is said once
     view = world.sched.ledger_view(0)
     assert view is not None and sum(view.charges.values()) <= view.budget
@@ -434,9 +484,9 @@ def test_two_loads_at_the_same_instant_never_overcommit() -> None:
 def test_free_memory_is_a_second_ceiling() -> None:
     world = World(rule("p", PINNED, mib=100), rule("s", mib=500), sample=False)
     world.sample(free_gap=450 * MiB)  # budget 900 after p, but the device says 450 free
-    assert rejects(world.request("r1", "s")) == {"r1": "insufficient_capacity"}
-    world.sample()
-    assert starts(world.request("r2", "s")) == ["s"]
+    actions = world.request("r1", "s")
+    assert starts(actions) == [] and rejects(actions) == {}  # it waits: it could fit
+    assert starts(world.sample()) == ["s"]
 
 
 @pytest.mark.parametrize(("foreign_mib", "started"), [(0, True), (300, False)])
@@ -483,16 +533,36 @@ def test_unknown_service_is_model_not_found() -> None:
     assert rejects(World().request("r1", "nope")) == {"r1": "model_not_found"}
 
 
-def test_queue_full_at_queue_max_with_retry_after() -> None:
+def test_queue_full_past_max_concurrency_plus_queue_max_with_retry_after() -> None:
     world = World(rule("s", max_concurrency=1, queue_max=2), learned={"s": Learned(load_s=30)})
-    world.request("r1", "s", at=0)
-    world.request("r2", "s", at=1)
+    for i in range(3):  # cold: the first waiter holds the slot it will run in
+        assert rejects(world.request(f"r{i}", "s", at=i)) == {}
     rejected = reject_of(world.request("r3", "s", at=10), "r3")
     assert (rejected.code, rejected.retry_after) == ("queue_full", 20.0)  # rest of the load
-    world.ready("s", at=11)
-    world.request("r4", "s", at=12)
-    rejected = reject_of(world.request("r5", "s", at=12), "r5")
+    assert "1 slot" not in rejected.message and "queue.max 2" in rejected.message
+    assert grants(world.ready("s", at=11)) == ["r0"]
+    rejected = reject_of(world.request("r4", "s", at=12), "r4")
     assert (rejected.code, rejected.retry_after) == ("queue_full", 1.0)
+    world.finish("r0", at=13)  # r1 runs, r2 waits: room for one more
+    assert rejects(world.request("r5", "s", at=13)) == {}
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_service_holds_the_same_number_of_requests_cold_or_warm(warm: bool) -> None:
+    """max_concurrency 1, queue.max 2, six at once: 3 accepted, 3 queue_full."""
+    world = World(rule("s", max_concurrency=1, queue_max=2))
+    if warm:
+        world.serve("s")
+    actions = [a for i in range(6) for a in world.request(f"r{i}", "s")]
+    assert sorted(rejects(actions).items()) == [(f"r{i}", "queue_full") for i in (3, 4, 5)]
+
+
+def test_queue_max_zero_still_loads_a_cold_service_for_its_slot_holders() -> None:
+    world = World(rule("s", max_concurrency=2, queue_max=0))
+    assert starts(world.request("r1", "s")) == ["s"]
+    assert rejects(world.request("r2", "s")) == {}
+    assert rejects(world.request("r3", "s")) == {"r3": "queue_full"}
+    assert grants(world.ready("s")) == ["r1", "r2"]
 
 
 def test_queue_timeout_on_tick() -> None:
@@ -539,7 +609,9 @@ def test_memory_freed_goes_to_the_highest_priority_waiting() -> None:
     world.finish("x1")
     actions = world.stopped("x")
     assert starts(actions) == ["b"]
-    assert "b (on-demand, priority 200) holds 600MiB" in reject_of(actions, "a1").message
+    assert rejects(actions) == {}  # a waits: it could fit once b is idle long enough
+    [wait] = notes(actions, "wait")
+    assert wait.service == "a" and "b (on-demand, priority 200) still starting" in wait.message
 
 
 def test_a_cancelled_waiter_does_not_cancel_the_load_others_wait_for() -> None:
@@ -663,10 +735,10 @@ def test_a_removed_service_drains_and_its_queue_is_rejected() -> None:
 def test_a_priority_change_takes_effect_in_place() -> None:
     world = World(rule("warm", WARM), rule("b"))
     world.serve("warm")
-    assert rejects(world.request("b1", "b")) == {"b1": "insufficient_capacity"}
+    assert stops(world.request("b1", "b")) == []  # waits for warm's protection
     rules = {**world.rules, "b": replace(world.rules["b"], priority=200)}
-    world.send(PolicyChanged(rules, world.device_rule))
-    assert stops(world.request("b2", "b")) == [("warm", True), ("warm", False)]
+    actions = world.send(PolicyChanged(rules, world.device_rule))
+    assert stops(actions) == [("warm", True), ("warm", False)]
 
 
 def test_a_new_pinned_service_starts_when_the_policy_adds_it() -> None:
@@ -675,20 +747,20 @@ def test_a_new_pinned_service_starts_when_the_policy_adds_it() -> None:
     assert starts(world.send(PolicyChanged(rules, world.device_rule))) == ["p"]
 
 
-def test_a_changed_command_restarts_at_the_next_idle_moment() -> None:
+def test_a_changed_command_restarts_at_once_drained_keeping_its_memory() -> None:
     world = World(rule("p", PINNED), rule("other", mib=500))
     world.ready("p")
     world.request("r1", "p")
     actions = world.send(PolicyChanged(world.rules, world.device_rule, frozenset({"p"})))
-    assert stops(actions) == []
-    assert world.sched.service_view("p").restart_pending
-    actions = world.finish("r1")
-    assert stops(actions) == [("p", True), ("p", False)]
-    # While it restarts, its memory stays reserved for it.
-    assert starts(world.request("o1", "other")) == []
+    assert stops(actions) == [("p", True)]  # drains now, not at an idle moment
+    assert [a.reason for a in actions if isinstance(a, Stop)] == ["restart: its command changed"]
+    assert world.request("r2", "p") == []  # queued for the new instance
+    assert stops(world.finish("r1")) == [("p", False)]
+    # Pinned p is charged while it restarts: other can never fit beside it.
+    assert rejects(world.request("o1", "other")) == {"o1": "insufficient_capacity"}
     actions = world.stopped("p")
     assert starts(actions) == ["p"]
-    assert rejects(actions) == {"o1": "insufficient_capacity"}  # p is pinned
+    assert grants(world.ready("p")) == ["r2"]
 
 
 def test_an_operator_unload_of_a_pinned_service_holds_until_a_load() -> None:
@@ -803,14 +875,17 @@ class Sim:
                 self.answers[action.request_id] = self.answers.get(action.request_id, 0) + 1
             elif isinstance(action, Note) and action.kind == "evict":
                 self.check_eviction(action)
+            elif isinstance(action, Note) and action.kind == "refuse" and "need" in action.data:
+                self.check_refusal(action)
         for device in started_on:
             view = self.sched.ledger_view(device)
             assert view is not None
             assert sum(view.charges.values()) <= view.budget, view
 
     def check_eviction(self, note: Note) -> None:
-        """The residency table holds in any mix: pinned never, warm only for strictly
-        higher, on-demand for equal or higher, window-only for anything."""
+        """The residency table holds in any mix: pinned never; warm at once only for a
+        strictly higher priority, on-demand for an equal or higher one, window-only for
+        anything; any other evictor only once the victim has been idle for protect."""
         assert note.service is not None
         evictor = self.rules[note.service].priority
         for name in note.data["victims"]:
@@ -818,9 +893,30 @@ class Sim:
             if victim.residency is PINNED:
                 raise AssertionError(f"pinned {name} evicted for {note.service}")
             if victim.residency is WARM:
-                assert evictor > victim.priority, note
+                at_once = evictor > victim.priority
             elif victim.residency is ON_DEMAND:
-                assert evictor >= victim.priority, note
+                at_once = evictor >= victim.priority
+            else:
+                at_once = True
+            if at_once:
+                continue
+            view = self.sched.service_view(name)
+            assert view.in_flight == 0 and view.queued == 0, (note, view)
+            assert view.last_used is not None, (note, view)
+            assert self.now - view.last_used >= victim.protection_s, (note, view)
+
+    def check_refusal(self, note: Note) -> None:
+        """A load is refused only if it can never fit: its need is above every candidate
+        device's budget less the pinned charges."""
+        for device in note.data["devices"]:
+            view = self.sched.ledger_view(device["device"])
+            assert view is not None
+            pinned = sum(
+                charge
+                for name, charge in view.charges.items()
+                if name in self.rules and self.rules[name].residency is PINNED
+            )
+            assert note.data["need"] > view.budget - pinned, note
 
     def deliver_due(self) -> None:
         self.due.sort(key=lambda item: (item[0], item[1]))
@@ -887,7 +983,11 @@ class Sim:
             self.send(WindowChanged(allowed, {n: self.now + 60 for n in windowed}))
         elif roll < 0.93:
             name = self.rnd.choice(names)
-            operator: list[Event] = [LoadRequested(name), UnloadRequested(name)]
+            operator: list[Event] = [
+                LoadRequested(name),
+                UnloadRequested(name),
+                RestartRequested(name, "random restart"),
+            ]
             self.send(self.rnd.choice(operator))
         elif roll < 0.96:
             name = self.rnd.choice(names)
@@ -932,6 +1032,7 @@ def random_rules(rnd: random.Random, devices: int) -> dict[str, ServiceRule]:
             stop_timeout_s=rnd.uniform(5, 20),
             gpus=rnd.choice([None, (rnd.randrange(devices),)]),
             preload=residency is WARM and rnd.random() < 0.3,
+            protect_s=rnd.choice([None, 0.0, 5.0, 30.0, math.inf]),
         )
     return rules
 
@@ -960,23 +1061,82 @@ def test_random_event_sequences_keep_the_invariants(seed: int) -> None:
             assert count == 1, (rid, count)
 
 
-def test_restart_requested_stops_when_idle_with_its_reason() -> None:
-    """A maintenance restart waits for the in-flight request, then stops with the reason."""
-    from service.scheduler import RestartRequested
+def test_restart_drains_at_once_under_steady_traffic_and_starts_again() -> None:
+    """on_cap: restart with requests coming all the time: drain now, queue new ones,
+    start again as soon as it stopped, serve the queue from the new instance."""
 
-    world = World(rule("a", ON_DEMAND))
-    world.request("r1", "a", at=0.0)
-    world.ready("a", at=1.0)
-    actions = world.send(RestartRequested("a", "maintenance window nightly"), at=2.0)
-    assert not [a for a in actions if isinstance(a, Stop)]  # r1 is still in flight
-    actions = world.finish("r1", at=3.0)
-    stops = [a for a in actions if isinstance(a, Stop)]
-    assert stops and "maintenance window nightly" in stops[-1].reason
-    assert world.sched.service_view("a").state in ("draining", "stopping")
+    world = World(
+        rule("a", max_concurrency=2, stop_timeout_s=15, queue_timeout_s=600), rule("b", mib=500)
+    )
+    world.serve("a")
+    world.request("r1", "a", at=10)
+    world.request("r2", "a", at=10)
+    actions = world.send(RestartRequested("a", "over its cap 200MiB"), at=11)
+    assert stops(actions) == [("a", True)]
+    assert world.state("a") == "draining"
+    for i in range(3, 7):  # steady traffic goes on: queued, never granted to the old one
+        assert grants(world.request(f"r{i}", "a", at=11 + i)) == []
+    assert starts(world.request("b1", "b", at=18)) == []  # a's memory is kept for it
+    world.finish("r1", at=19)
+    assert stops(world.finish("r2", at=20)) == [("a", False)]
+    actions = world.stopped("a", at=21)
+    assert starts(actions) == ["a"]
+    [start] = [x for x in actions if isinstance(x, Start)]
+    assert start.reason == "restart: over its cap 200MiB"
+    assert grants(world.ready("a", at=22)) == ["r3", "r4"]
+
+
+def test_a_restart_cuts_what_is_still_in_flight_at_its_stop_timeout() -> None:
+
+    world = World(rule("a", stop_timeout_s=15))
+    world.serve("a")
+    world.request("r1", "a", at=10)
+    world.send(RestartRequested("a", "maintenance window nightly"), at=10)
+    assert stops(world.tick(24.9)) == []
+    assert stops(world.tick(25)) == [("a", False)]
+    assert starts(world.stopped("a", at=26)) == ["a"]
+
+
+@pytest.mark.parametrize("residency", [WARM, ON_DEMAND])
+def test_a_restart_never_leaves_an_idle_service_unloaded(residency: Residency) -> None:
+
+    world = World(rule("a", residency))
+    world.serve("a")
+    actions = world.send(RestartRequested("a", "maintenance window nightly"), at=5)
+    assert stops(actions) == [("a", True), ("a", False)]
+    assert starts(world.stopped("a", at=6)) == ["a"]
+    world.ready("a", at=7)
+    assert world.state("a") == "ready"
+
+
+def test_a_second_restart_request_while_restarting_is_ignored() -> None:
+
+    world = World(rule("a"))
+    world.serve("a")
+    world.request("r1", "a", at=1)
+    world.send(RestartRequested("a", "over its cap"), at=2)
+    for t in (3, 4, 5):  # over-cap samples keep coming while it drains
+        assert stops(world.send(RestartRequested("a", "over its cap"), at=t)) == []
+    world.finish("r1", at=6)
+    assert starts(world.stopped("a", at=7)) == ["a"]
+    world.ready("a", at=8)
+    assert stops(world.tick(100)) == []  # one restart, not two
+
+
+def test_a_window_only_service_restarts_only_while_its_window_is_open() -> None:
+
+    world = World(rule("batch", WINDOW))
+    world.send(WindowChanged(frozenset({"batch"})))
+    world.serve("batch")
+    world.send(RestartRequested("batch", "maintenance window nightly"), at=1)
+    assert starts(world.stopped("batch", at=2)) == ["batch"]
+    world.ready("batch", at=3)
+    world.send(RestartRequested("batch", "operator"), at=4)
+    world.send(WindowChanged(frozenset()), at=4.5)  # closes before it has stopped
+    assert starts(world.stopped("batch", at=5)) == []
 
 
 def test_restart_requested_ignores_a_stopped_service() -> None:
-    from service.scheduler import RestartRequested
 
     world = World(rule("a", ON_DEMAND))
     assert not world.send(RestartRequested("a", "window"), at=1.0)
@@ -1031,3 +1191,182 @@ def test_only_stops_that_make_room_are_sleepable() -> None:
     world.finish("r3", at=8.5)
     idle = [a for a in world.send(Tick(), at=19.0) if isinstance(a, Stop)]
     assert idle and all(stop.sleepable for stop in idle)
+
+
+# ------------------------------------------------------------- waiting, not refusing
+
+
+def test_a_lower_priority_is_served_once_an_idle_higher_ones_protection_lapses() -> None:
+    world = World(
+        rule("chat", WARM, priority=300, protect_s=600),
+        rule("image", priority=100, queue_timeout_s=900),
+    )
+    world.serve("chat")  # idle from t=0
+    actions = world.request("i1", "image", at=60)
+    assert starts(actions) == [] and rejects(actions) == {}
+    view = world.sched.service_view("image")
+    assert view.waiting_for_memory
+    assert view.waiting_for == (
+        "image waits for 600MiB (400MiB on device 0 available): chat (warm, priority 300) "
+        "used 1m ago, protected for another 9m"
+    )
+    assert stops(world.tick(599.9)) == []
+    assert stops(world.tick(600)) == [("chat", True), ("chat", False)]
+    assert starts(world.stopped("chat", at=601)) == ["image"]
+    assert grants(world.ready("image", at=602)) == ["i1"]
+
+
+def test_a_queue_timeout_names_the_holders_and_when_they_yield() -> None:
+    world = World(
+        rule("chat", WARM, priority=300, protect_s=600),
+        rule("image", priority=100, queue_timeout_s=120),
+    )
+    world.serve("chat")
+    world.request("i1", "image", at=100)
+    rejected = reject_of(world.tick(220), "i1")
+    assert rejected.code == "queue_timeout"
+    assert rejected.message == (
+        "waited 2m in the queue of image (queue.timeout 2m): image waits for 600MiB "
+        "(400MiB on device 0 available): chat (warm, priority 300) used 3m40s ago, "
+        "protected for another 6m20s"
+    )
+    assert rejected.retry_after == 380.0
+
+
+def test_each_distinct_wait_is_noted_once_with_its_holders() -> None:
+    world = World(
+        rule("chat", WARM, priority=300, protect_s=600, queue_timeout_s=1e9),
+        rule("image", priority=100, queue_timeout_s=1e9),
+    )
+    world.serve("chat")
+    [wait] = notes(world.request("i1", "image", at=10), "wait")
+    assert wait.data["holders"][0]["yields_in_s"] == 590.0
+    world.request("c1", "chat", at=20)  # chat busy: the same holder, said once
+    assert notes(world.tick(21), "wait") == []
+    world.finish("c1", at=30)
+    assert notes(world.tick(40), "wait") == []
+
+
+def test_a_later_warm_load_of_equal_priority_waits_behind_the_first_in_line() -> None:
+    """The big load waits for a protected holder; a small warm one of the same priority
+    that would fit in the free memory must not take it, or the big one could wait for
+    ever behind it (it could not evict a busy warm equal)."""
+    world = World(
+        rule("holder", WARM, priority=300, mib=500, protect_s=600),
+        rule("big", priority=100, mib=700, queue_timeout_s=1e9),
+        rule("small", WARM, priority=100, mib=300, queue_timeout_s=1e9),
+    )
+    world.serve("holder")
+    world.request("b1", "big", at=10)
+    actions = world.request("s1", "small", at=11)
+    assert starts(actions) == []
+    assert world.sched.service_view("small").waiting_for == (
+        "small waits behind big, first in line for the same memory"
+    )
+    world.tick(610)  # holder's protection lapses: big evicts it
+    assert starts(world.stopped("holder", at=611)) == ["big"]
+
+
+def test_a_later_on_demand_load_of_equal_priority_may_use_free_memory_meanwhile() -> None:
+    world = World(
+        rule("holder", WARM, priority=300, mib=500, protect_s=600),
+        rule("big", priority=100, mib=800, queue_timeout_s=1e9),
+        rule("small", priority=100, mib=300, queue_timeout_s=1e9),
+    )
+    world.serve("holder")
+    world.request("b1", "big", at=10)
+    assert starts(world.request("s1", "small", at=11)) == ["small"]
+    world.ready("small", at=12)
+    world.finish("s1", at=13)
+    # Once holder yields, big takes holder's and small's memory: small is its equal.
+    actions = world.tick(610)
+    assert sorted(n for n, drain in stops(actions) if not drain) == ["holder", "small"]
+
+
+def test_memory_goes_to_the_oldest_waiting_request_among_equals() -> None:
+    world = World(
+        rule("holder", WARM, priority=300, mib=800, protect_s=100),
+        rule("a", priority=100, mib=600, queue_timeout_s=1e9),
+        rule("b", priority=100, mib=600, queue_timeout_s=1e9),
+    )
+    world.serve("holder")
+    world.request("b1", "b", at=5)  # b asked first
+    world.request("a1", "a", at=6)
+    world.tick(100)
+    assert starts(world.stopped("holder", at=101)) == ["b"]
+
+
+@pytest.mark.parametrize(("first", "second"), [(0.49, 0.51), (0.51, 0.49), (0.5, 0.5)])
+def test_equal_services_are_evicted_least_recently_used_first_whatever_the_noise(
+    first: float, second: float
+) -> None:
+    world = World(rule("a", mib=400), rule("b", mib=400), rule("c", mib=400))
+    world.send(LearnedChanged("a", Learned(load_s=first)))
+    world.send(LearnedChanged("b", Learned(load_s=second)))
+    world.serve("a", "a0")
+    world.sample()
+    world.request("b0", "b", at=1)
+    world.ready("b", at=2)
+    world.finish("b0", at=3)
+    world.request("a1", "a", at=4)
+    world.finish("a1", at=5)  # a used last, b least recently
+    assert stops(world.request("c1", "c", at=6)) == [("b", True), ("b", False)]
+
+
+# ----------------------------------------------------------------------- explain
+
+
+def test_explain_says_what_a_load_would_do_and_changes_nothing() -> None:
+    world = World(
+        rule("p", PINNED, mib=300),
+        rule("chat", WARM, priority=300, mib=300, protect_s=600),
+        rule("idle", priority=100, mib=300),
+        rule("small", priority=100, mib=100),
+        rule("image", priority=100, mib=400),
+        rule("huge", priority=100, mib=800),
+    )
+    world.ready("p")
+    world.serve("chat")
+    world.serve("idle")
+    world.sample()
+    before = world.sched.service_view("image")
+    fits = world.sched.explain("small", 1.0)
+    assert (fits.verdict, fits.device) == ("fits", 0)
+    assert fits.message.startswith("small fits on device 0: needs 100MiB, 100MiB available")
+    evict = world.sched.explain("image", 1.0)
+    assert (evict.verdict, [v["service"] for v in evict.victims]) == ("evict", ["idle"])
+    never = world.sched.explain("huge", 1.0)
+    assert never.verdict == "never" and "pinned p holds 300MiB" in never.message
+    loaded = world.sched.explain("chat", 1.0)
+    assert loaded.verdict == "loaded"
+    # image would evict idle; once idle is gone too, it must wait for chat
+    world.send(UnloadRequested("idle"), at=2)
+    world.stopped("idle", at=3)
+    world.request("s1", "small", at=4)
+    world.ready("small", at=5)
+    wait = world.sched.explain("image", 100.0)
+    assert wait.verdict == "wait"
+    assert [(h["service"], h["why"]) for h in wait.holders] == [
+        ("chat", "protected"),
+        ("small", "batch"),
+    ]
+    assert wait.holders[0]["yields_in_s"] == 500.0
+    assert wait.data["yields_in_s"] == 500.0
+    assert "image would wait for 400MiB" in wait.message
+    assert world.sched.service_view("image") == before  # nothing changed
+
+
+def test_explain_names_a_closed_window_and_the_load_it_would_wait_behind() -> None:
+    world = World(
+        rule("batch", WINDOW),
+        rule("holder", WARM, priority=300, mib=500, protect_s=600),
+        rule("big", priority=100, mib=700, queue_timeout_s=1e9),
+        rule("small", WARM, priority=100, mib=300),
+    )
+    world.send(WindowChanged(frozenset(), {"batch": 3600.0}))
+    closed = world.sched.explain("batch", 0.0)
+    assert closed.verdict == "window_closed" and closed.data["opens_in_s"] == 3600.0
+    world.serve("holder")
+    world.request("b1", "big", at=10)
+    behind = world.sched.explain("small", 11.0)
+    assert (behind.verdict, behind.behind) == ("wait", "big")

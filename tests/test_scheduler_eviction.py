@@ -1,15 +1,26 @@
-"""Who may evict whom, victim preferences, and admission decisions (DESIGN section 4)."""
+"""Who may evict whom and when, victim preferences, and admission decisions (DESIGN 4)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from service.domain import InstanceState, Residency
 from service.scheduler import ServiceRule
 from service.scheduler.admission import Evict, Place, Refuse, Room, Wait, decide
-from service.scheduler.eviction import Resident, choose_victims, may_evict
+from service.scheduler.eviction import (
+    RELOAD_COST_TOLERANCE,
+    Block,
+    Resident,
+    choose_victims,
+    cost_classes,
+    eviction_block,
+    may_evict,
+)
 
 MiB = 1024**2
+NEVER = math.inf
 PINNED, WARM, ON_DEMAND, WINDOW = (
     Residency.PINNED,
     Residency.WARM,
@@ -43,9 +54,10 @@ def res(
     busy: bool = False,
     last_used: float | None = 0.0,
     load_s: float | None = None,
-    protected: bool = False,
+    batch: bool = False,
     state: InstanceState = READY,
     claimed_by: str | None = None,
+    protect_s: float = 0.0,
 ) -> Resident:
     return Resident(
         name=name,
@@ -56,55 +68,76 @@ def res(
         busy=busy,
         last_used=last_used,
         load_s=load_s,
-        protected=protected,
+        batch_pending=batch,
         claimed_by=claimed_by,
+        protect_s=protect_s,
+        in_flight=1 if busy else 0,
     )
 
 
+# Every victim below was last used at t=0 and has protect 60 s unless the row says.
 @pytest.mark.parametrize(
-    ("victim_residency", "victim_priority", "evictor_priority", "protected", "allowed"),
+    ("residency", "victim_p", "evictor_p", "busy", "batch", "protect", "now", "block"),
     [
         # pinned: never, whatever the priorities
-        (PINNED, 0, 1000, False, False),
-        (PINNED, 100, 100, False, False),
-        # warm: only by a strictly higher priority
-        (WARM, 100, 101, False, True),
-        (WARM, 100, 100, False, False),
-        (WARM, 100, 99, False, False),
-        # on-demand: by equal or higher
-        (ON_DEMAND, 100, 100, False, True),
-        (ON_DEMAND, 100, 200, False, True),
-        (ON_DEMAND, 100, 99, False, False),
-        # window-only: by anything, a lower priority included
-        (WINDOW, 100, 100, False, True),
-        (WINDOW, 500, 1, False, True),
+        (PINNED, 0, 1000, False, False, 60, 1e9, Block.PINNED),
+        # warm: a strictly higher priority at any time, busy or not
+        (WARM, 100, 101, False, False, 60, 0, None),
+        (WARM, 100, 101, True, False, 60, 0, None),
+        # warm: an equal or lower one only once idle for protect
+        (WARM, 100, 100, False, False, 60, 59, Block.PROTECTED),
+        (WARM, 100, 100, False, False, 60, 60, None),
+        (WARM, 100, 99, False, False, 60, 30, Block.PROTECTED),
+        (WARM, 100, 1, False, False, 60, 61, None),
+        (WARM, 100, 99, True, False, 60, 1e9, Block.BUSY),
+        (WARM, 100, 99, False, False, NEVER, 1e9, Block.NEVER),
+        # on-demand: an equal or higher priority at any time
+        (ON_DEMAND, 100, 100, False, False, 60, 0, None),
+        (ON_DEMAND, 100, 100, True, False, 60, 0, None),
+        (ON_DEMAND, 100, 200, False, False, NEVER, 0, None),
+        # on-demand: a lower one once idle for protect, never while busy
+        (ON_DEMAND, 100, 99, False, False, 60, 10, Block.PROTECTED),
+        (ON_DEMAND, 100, 99, False, False, 60, 60, None),
+        (ON_DEMAND, 100, 99, True, False, 60, 1e9, Block.BUSY),
+        (ON_DEMAND, 100, 99, False, False, NEVER, 1e9, Block.NEVER),
+        (ON_DEMAND, 100, 99, False, False, 0, 0, None),
+        # window-only: by anything, a lower priority included, busy or not
+        (WINDOW, 100, 100, False, False, 0, 0, None),
+        (WINDOW, 500, 1, True, False, 0, 0, None),
         # no-thrash: an instance still serving what it was loaded for resists an equal
         # priority, but not a strictly higher one
-        (ON_DEMAND, 100, 100, True, False),
-        (ON_DEMAND, 100, 101, True, True),
-        (WINDOW, 100, 100, True, False),
-        (WARM, 100, 101, True, True),
+        (ON_DEMAND, 100, 100, True, True, 60, 0, Block.BATCH),
+        (ON_DEMAND, 100, 101, True, True, 60, 0, None),
+        (WARM, 100, 101, True, True, 60, 0, None),
     ],
 )
-def test_may_evict(
-    victim_residency: Residency,
-    victim_priority: int,
-    evictor_priority: int,
-    protected: bool,
-    allowed: bool,
+def test_eviction_block(
+    residency: Residency,
+    victim_p: int,
+    evictor_p: int,
+    busy: bool,
+    batch: bool,
+    protect: float,
+    now: float,
+    block: Block | None,
 ) -> None:
-    victim = res("v", residency=victim_residency, priority=victim_priority, protected=protected)
-    assert may_evict(rule("e", evictor_priority), victim) is allowed
+    victim = res(
+        "v", residency=residency, priority=victim_p, busy=busy, batch=batch, protect_s=protect
+    )
+    assert eviction_block(rule("e", evictor_p), victim, now) is block
+    assert may_evict(rule("e", evictor_p), victim, now) is (block is None)
 
 
-def test_protection_is_ignored_for_the_capacity_question() -> None:
-    victim = res("v", protected=True)
-    assert not may_evict(rule("e"), victim)
-    assert may_evict(rule("e"), victim, ignore_protection=True)
+def test_protection_counts_from_the_last_request_finished() -> None:
+    victim = res("v", residency=WARM, priority=300, last_used=1000.0, protect_s=600)
+    low = rule("low", 100)
+    assert victim.protected_until() == 1600.0
+    assert eviction_block(low, victim, 1599.9) is Block.PROTECTED
+    assert eviction_block(low, victim, 1600.0) is None
 
 
 def test_a_service_never_evicts_itself() -> None:
-    assert not may_evict(rule("v", 1000), res("v", residency=WINDOW))
+    assert eviction_block(rule("v", 1000), res("v", residency=WINDOW), 0) is Block.SELF
 
 
 def names(victims: tuple[Resident, ...] | None) -> list[str] | None:
@@ -126,10 +159,16 @@ def names(victims: tuple[Resident, ...] | None) -> list[str] | None:
         (100, [res("hi", priority=200), res("lo", priority=50)], ["lo"]),
         # idle beats lower priority
         (100, [res("lo", priority=10, busy=True), res("hi", priority=90)], ["hi"]),
-        # then the cheaper reload per byte freed (20 s / 400 beats 10 s / 100)
+        # then the clearly cheaper reload per byte freed (20 s / 400 beats 10 s / 100)
         (100, [res("slow", 100, load_s=10.0), res("fast", 400, load_s=20.0)], ["fast"]),
         # unknown load time counts as 0 s
         (100, [res("known", load_s=1.0), res("unknown", load_s=None)], ["unknown"]),
+        # reload costs within the tolerance are equal: least recently used decides
+        (
+            100,
+            [res("recent", load_s=0.45, last_used=50.0), res("old", load_s=0.55, last_used=10.0)],
+            ["old"],
+        ),
         # then least recently used
         (100, [res("recent", last_used=50.0), res("old", last_used=10.0)], ["old"]),
         (100, [res("recent", last_used=50.0), res("never", last_used=None)], ["never"]),
@@ -155,6 +194,24 @@ def test_choose_victims(
     assert names(choose_victims(deficit, candidates)) == expected
 
 
+@pytest.mark.parametrize("jitter", [0.40, 0.47, 0.499, 0.5, 0.501, 0.53, 0.62, 0.7])
+def test_noise_in_load_times_never_reorders_alike_services(jitter: float) -> None:
+    """Two identical services whose learned load times differ by noise around 0.5 s:
+    whatever the noise, the least recently used one is evicted (no class boundary)."""
+    pool = [
+        res("used-last", 300, load_s=jitter, last_used=90.0),
+        res("used-first", 300, load_s=0.5, last_used=10.0),
+    ]
+    assert names(choose_victims(300, pool)) == ["used-first"]
+
+
+def test_cost_classes_chain_close_costs_and_split_far_ones() -> None:
+    t = RELOAD_COST_TOLERANCE
+    assert cost_classes([1.0, 1.0 * t, 1.0 * t * t]) == [1, 1, 1]  # a chain of close ones
+    assert cost_classes([1.0, 1.0 * t * 1.01]) == [1, 2]
+    assert cost_classes([0.0, 5.0]) == [0, 1]  # unknown is cheapest
+
+
 def test_choose_victims_falls_back_to_the_largest_when_the_search_is_huge() -> None:
     pool = [res(f"s{i:02d}", 10 + i) for i in range(40)]
     chosen = choose_victims(sum(10 + i for i in range(20, 40)), pool)
@@ -171,26 +228,40 @@ def room(
     headroom: int = 0,
     held_by_others: int = 0,
     budget_limit: int | None = None,
+    budget: int | None = None,
 ) -> Room:
+    if budget is None:
+        ceiling = total if budget_limit is None else min(budget_limit, total)
+        budget = min(ceiling, total - foreign) - headroom
+    holds = (("other", held_by_others),) if held_by_others else ()
     return Room(
-        device, available, held_by_others, total, foreign, headroom, budget_limit, residents
+        device=device,
+        available=available,
+        budget=budget,
+        held_by_others=held_by_others,
+        total=total,
+        foreign=foreign,
+        headroom=headroom,
+        budget_limit=budget_limit,
+        residents=residents,
+        holds=holds,
     )
 
 
 def test_place_on_the_device_with_most_room_left() -> None:
-    decision = decide(rule(), 300, [room(0, 400), room(1, 900), room(2, 200)])
+    decision = decide(rule(), 300, [room(0, 400), room(1, 900), room(2, 200)], 0)
     assert decision == Place(1, 900)
-    assert decide(rule(), 300, [room(0, 400), room(1, 400)]) == Place(0, 400)
+    assert decide(rule(), 300, [room(0, 400), room(1, 400)], 0) == Place(0, 400)
 
 
-def test_refusal_names_the_holders() -> None:
+def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> None:
     rooms = [
         room(
             0,
             available=310 * MiB,
             residents=(
                 res("chat", 450 * MiB, residency=PINNED),
-                res("tts", 100 * MiB, priority=200),
+                res("tts", 100 * MiB, priority=200, protect_s=60),
                 res("old", 50 * MiB, priority=10),
             ),
             total=1338 * MiB,
@@ -198,21 +269,22 @@ def test_refusal_names_the_holders() -> None:
             headroom=128 * MiB,
         )
     ]
-    decision = decide(rule("demo-image", 100), 600 * MiB, rooms)
+    decision = decide(rule("demo-image", 100), 600 * MiB, rooms, 0)
     assert isinstance(decision, Refuse)
     assert decision.message == (
-        "demo-image needs 600MiB but at most 360MiB can be freed on device 0: chat (pinned) "
-        "holds 450MiB, tts (on-demand, priority 200) holds 100MiB, foreign processes 300MiB, "
-        "headroom 128MiB"
+        "demo-image needs 600MiB but at most 460MiB can be freed on device 0: pinned chat "
+        "holds 450MiB, foreign processes 300MiB, headroom 128MiB"
     )
-    assert decision.data["devices"][0]["holders"] == {"chat": 450 * MiB, "tts": 100 * MiB}
+    assert decision.data["devices"][0]["holders"] == {"chat": 450 * MiB}
+    # 460 MiB could be freed: a load that needs it waits (tts outranks it), never refused
+    assert isinstance(decide(rule("demo-image", 100), 460 * MiB, rooms, 0), Wait)
 
 
 def test_refusal_covers_every_candidate_device() -> None:
     rooms = [room(0, 100, (res("p", 500, residency=PINNED),)), room(1, 200, budget_limit=200)]
-    decision = decide(rule("x"), 600, rooms)
+    decision = decide(rule("x"), 600, rooms, 0)
     assert isinstance(decision, Refuse)
-    assert "at most 100B can be freed on device 0: p (pinned) holds 500B" in decision.message
+    assert "at most 500B can be freed on device 0: pinned p holds 500B" in decision.message
     assert "; at most 200B can be freed on device 1: budget limit 200B of 1000B" in decision.message
 
 
@@ -222,40 +294,72 @@ def test_evict_on_the_device_needing_the_best_victim_set() -> None:
         room(1, 100, (res("c", 600, busy=True),)),  # one busy victim
         room(2, 100, (res("d", 700),)),  # one idle victim
     ]
-    decision = decide(rule(), 600, rooms)
+    decision = decide(rule(), 600, rooms, 0)
     assert isinstance(decision, Evict)
     assert (decision.device, names(decision.victims), decision.deficit) == (2, ["d"], 500)
 
 
 def test_memory_already_coming_back_is_claimed_before_evicting() -> None:
     going = res("going", 300, state=STOPPING)
-    decision = decide(rule(), 500, [room(0, 100, (going, res("idle", 300)))])
+    decision = decide(rule(), 500, [room(0, 100, (going, res("idle", 300)))], 0)
     assert isinstance(decision, Evict)
     assert names(decision.claimed) == ["going"]
     assert names(decision.victims) == ["idle"]
-    only_going = decide(rule(), 350, [room(0, 100, (going, res("idle", 300)))])
+    only_going = decide(rule(), 350, [room(0, 100, (going, res("idle", 300)))], 0)
     assert isinstance(only_going, Evict)
     assert (names(only_going.victims), names(only_going.claimed)) == ([], ["going"])
 
 
 def test_memory_claimed_by_another_load_is_not_counted() -> None:
     claimed = res("going", 300, state=STOPPING, claimed_by="other")
-    decision = decide(rule(), 300, [room(0, 100, (claimed, res("idle", 300)))])
+    decision = decide(rule(), 300, [room(0, 100, (claimed, res("idle", 300)))], 0)
     assert isinstance(decision, Evict)
     assert (names(decision.victims), names(decision.claimed)) == (["idle"], [])
 
 
 def test_wait_when_what_could_be_evicted_is_still_starting() -> None:
-    decision = decide(rule(), 500, [room(0, 100, (res("loading", 600, state=STARTING),))])
+    decision = decide(rule(), 500, [room(0, 100, (res("loading", 600, state=STARTING),))], 0)
     assert isinstance(decision, Wait)
+    assert [(h.name, h.why) for h in decision.holders] == [("loading", "starting")]
 
 
 def test_holds_of_other_loads_do_not_cause_a_refusal() -> None:
-    decision = decide(rule(), 500, [room(0, -100, held_by_others=600)])
+    decision = decide(rule(), 500, [room(0, -100, held_by_others=600)], 0)
     assert isinstance(decision, Wait)
+    assert [(h.why, h.by, h.charge) for h in decision.holders] == [("held", "other", 600)]
 
 
-def test_a_lower_priority_never_evicts_a_higher_one() -> None:
-    rooms = [room(0, 0, (res("hi", 1000, priority=500),))]
-    assert isinstance(decide(rule("lo", 100), 500, rooms), Refuse)
-    assert isinstance(decide(rule("hier", 600), 500, rooms), Evict)
+def test_a_lower_priority_waits_for_a_higher_ones_protection_then_evicts() -> None:
+    hi = res("hi", 1000, residency=WARM, priority=500, last_used=100.0, protect_s=600)
+    rooms = [room(0, 0, (hi,))]
+    waiting = decide(rule("lo", 100), 500, rooms, 400.0)
+    assert isinstance(waiting, Wait)
+    (holder,) = waiting.holders
+    assert (holder.name, holder.why, holder.yields_at) == ("hi", "protected", 700.0)
+    assert waiting.message("lo", 400.0) == (
+        "lo waits for 500B (0B on device 0 available): hi (warm, priority 500) used 5m ago, "
+        "protected for another 5m"
+    )
+    assert waiting.yields_at() == 700.0
+    later = decide(rule("lo", 100), 500, rooms, 700.0)
+    assert isinstance(later, Evict) and names(later.victims) == ["hi"]
+    assert isinstance(decide(rule("hier", 600), 500, rooms, 400.0), Evict)
+
+
+def test_a_busy_higher_priority_is_waited_for_and_named_busy() -> None:
+    hi = res("hi", 1000, residency=ON_DEMAND, priority=500, busy=True, protect_s=0)
+    decision = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 1e6)
+    assert isinstance(decision, Wait)
+    assert decision.message("lo", 1e6).endswith(
+        "hi (on-demand, priority 500) busy: 1 in flight, 0 queued"
+    )
+    assert decision.yields_at() is None
+
+
+def test_the_wait_key_ignores_the_passing_time() -> None:
+    hi = res("hi", 1000, residency=WARM, priority=500, last_used=0.0, protect_s=600)
+    first = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 10.0)
+    second = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 20.0)
+    assert isinstance(first, Wait) and isinstance(second, Wait)
+    assert first.key == second.key
+    assert first.message("lo", 10.0) != second.message("lo", 20.0)

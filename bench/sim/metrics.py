@@ -9,6 +9,9 @@ Per run (and per priority class and per service, for the request figures):
 
 - ``latency_s``: arrival to last byte, p50/p99 over served requests;
   ``queue_s``: arrival to the moment a runtime slot took it.
+- ``served_past_timeout``: served requests that had waited longer than their service's
+  ``queue.timeout`` for a slot: a vramd client would have had a 503 ``queue_timeout``
+  instead (the baselines do not time out their queues).
 - ``slo_attainment``: the fraction of *all* requests served within
   ``5 x duration_s + load_s`` of their service (its load time counted once);
   refused and failed requests miss it.
@@ -44,6 +47,7 @@ REQUEST_KEYS = (
     "unfinished",
     "latency_s",
     "queue_s",
+    "served_past_timeout",
     "slo_attainment",
 )
 RUN_KEYS = (
@@ -160,6 +164,13 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
     latencies = [r.latency for r in served if r.latency is not None]
     queued = [r.queued for r in served if r.queued is not None]
     refused = Counter(r.code or "?" for r in records if r.outcome == "refused")
+    late = sum(
+        1
+        for r in served
+        if r.service is not None
+        and r.queued is not None
+        and r.queued > setup.rules[r.service].queue_timeout_s + 1e-9
+    )
     met = 0
     for r in served:
         load_s = setup.services[r.service].bench.load_s if r.service else 0.0
@@ -175,6 +186,7 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
         "unfinished": sum(1 for r in records if r.outcome == "pending"),
         "latency_s": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
         "queue_s": {"p50": percentile(queued, 0.5), "p99": percentile(queued, 0.99)},
+        "served_past_timeout": late,
         "slo_attainment": met / len(records) if records else None,
     }
 

@@ -69,6 +69,12 @@ async def restart(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
     return await orchestrator.restart(name)
 
 
+@router.get("/api/services/{name}/admission")
+async def admission(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+    """What loading the service now would do; changes nothing (DESIGN section 4)."""
+    return orchestrator.admission(name)
+
+
 @router.get("/api/services/{name}/logs")
 async def logs(
     name: str,

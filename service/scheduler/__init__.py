@@ -40,6 +40,7 @@ from service.scheduler.events import (
     UnloadRequested,
     WindowChanged,
 )
+from service.scheduler.explain import Explanation
 from service.scheduler.ledger import LedgerView
 from service.scheduler.rules import (
     DeviceRule,
@@ -61,6 +62,7 @@ __all__ = [
     "DeviceReading",
     "DeviceRule",
     "Event",
+    "Explanation",
     "Grant",
     "InstanceBackoff",
     "InstanceFailed",

@@ -1,19 +1,22 @@
 """Admission of one load: place it, plan evictions for it, make it wait, or refuse it.
 
-``decide`` is a pure function of one service's need and a snapshot of its candidate
-devices (``Room``); the scheduler core applies the answer. It follows DESIGN section 4:
+``decide`` is a pure function of one service's need, a snapshot of its candidate devices
+(``Room``) and the time; the scheduler core applies the answer, and ``explain`` gives
+the same answer without applying it. It follows DESIGN section 4:
 
-1. If, on every candidate device, the need exceeds what the device could offer with every
-   instance the service may evict gone (and every instance already stopping gone), the
-   load can never fit: ``Refuse``, naming what holds the memory.
+1. If, on every candidate device, the need exceeds what the device could offer once
+   every instance that is not pinned were gone (its budget less the pinned charges),
+   the load can never fit: ``Refuse``, naming what holds the memory. Nothing else is
+   refused.
 2. If it fits somewhere as things stand: ``Place`` it on the device with the most room
    left after placing it (lowest index on a tie), so later loads find the most room.
 3. Else, per device: first count memory already on its way back (instances draining or
-   stopping that no other load has claimed), then pick victims (``eviction``) for the
-   rest. The device whose victim set is best (fewest, then the eviction preferences, then
-   most room left) wins: ``Evict``. If no device can cover the deficit now (the
-   instances that would have to go are still starting), ``Wait``: the core re-runs
-   admission after the next event.
+   stopping that no other load has claimed), then pick victims among the instances it
+   may evict now (``eviction``) for the rest. The device whose victim set is best
+   (fewest, then the eviction preferences, then most room left) wins: ``Evict``.
+4. If no device can cover the deficit now, ``Wait``, naming each holder, why it holds
+   on and when it can yield (``Holder``). The core runs admission again after every
+   event.
 """
 
 from __future__ import annotations
@@ -23,9 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.domain import InstanceState, Residency
-from service.scheduler.eviction import Resident, SetKey, choose_victims, may_evict, set_key
+from service.scheduler.eviction import (
+    Block,
+    Resident,
+    SetKey,
+    choose_victims,
+    eviction_block,
+    set_key,
+)
 from service.scheduler.rules import ServiceRule
-from service.units import format_size
+from service.units import format_duration, format_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +45,15 @@ class Room:
     device: int
     # Already less what other waiting loads hold on this device (their reservations).
     available: int
+    budget: int
     held_by_others: int
     total: int
     foreign: int
     headroom: int
     budget_limit: int | None
     residents: tuple[Resident, ...] = ()
+    # Other loads' reservations on this device: (service, bytes).
+    holds: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +74,96 @@ class Evict:
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """Something a waiting load waits for: an instance, or another load's reservation.
+
+    ``why`` is a ``Block`` value, or ``starting`` / ``stopping`` / ``claimed`` (by
+    another waiting load, ``by``) / ``held`` (memory reserved for ``by``'s load).
+    ``yields_at`` is when it can yield if nothing changes (a protection lapsing), when
+    known.
+    """
+
+    name: str
+    device: int
+    why: str
+    charge: int
+    residency: str | None = None
+    priority: int | None = None
+    in_flight: int = 0
+    queued: int = 0
+    last_used: float | None = None
+    yields_at: float | None = None
+    by: str | None = None
+
+    @property
+    def busy_now(self) -> bool:
+        return self.why == "held" or self.in_flight > 0 or self.queued > 0 or self.last_used is None
+
+    def describe(self, now: float) -> str:
+        if self.why == "held":
+            return f"{format_size(self.charge)} held for {self.by}'s load"
+        who = f"{self.name} ({self.residency}, priority {self.priority})"
+        match self.why:
+            case Block.PROTECTED:
+                assert self.last_used is not None and self.yields_at is not None
+                return (
+                    f"{who} used {format_duration(max(0.0, now - self.last_used))} ago, "
+                    f"protected for another {format_duration(max(0.0, self.yields_at - now))}"
+                )
+            case Block.BUSY:
+                return f"{who} busy: {self.in_flight} in flight, {self.queued} queued"
+            case Block.NEVER:
+                return f"{who} never yields to a lower priority (protect: never)"
+            case Block.BATCH:
+                return f"{who} serving the requests it was loaded for"
+            case "starting":
+                return f"{who} still starting"
+            case "stopping":
+                return f"{who} stopping for {self.by}'s load"
+            case "claimed":
+                return f"{who} claimed by {self.by}'s load"
+        return f"{who} holds {format_size(self.charge)}"
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "service": self.name,
+            "device": self.device,
+            "why": str(self.why),
+            "bytes": self.charge,
+            "residency": self.residency,
+            "priority": self.priority,
+            "in_flight": self.in_flight,
+            "queued": self.queued,
+            "idle_for_s": None if self.busy_now else max(0.0, now - (self.last_used or now)),
+            "yields_in_s": None if self.yields_at is None else max(0.0, self.yields_at - now),
+            "by": self.by,
+            "text": self.describe(now),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Wait:
-    reason: str
-    data: dict[str, Any] = field(default_factory=dict)
+    need: int
+    available: dict[int, int]
+    holders: tuple[Holder, ...]
+
+    def message(self, name: str, now: float) -> str:
+        rooms = ", ".join(f"{format_size(a)} on device {d}" for d, a in self.available.items())
+        text = f"{name} waits for {format_size(self.need)} ({rooms} available)"
+        if self.holders:
+            text += ": " + "; ".join(h.describe(now) for h in self.holders)
+        return text
+
+    @property
+    def key(self) -> str:
+        """Stays the same while the same holders keep the memory: the times in the
+        message move on, and a holder flips between busy and protected with every
+        request it serves, which would say the same wait again and again."""
+        return ",".join(sorted(f"{h.name}:{h.by}" for h in self.holders))
+
+    def yields_at(self) -> float | None:
+        times = [h.yields_at for h in self.holders if h.yields_at is not None]
+        return min(times) if times else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +175,20 @@ class Refuse:
 Decision = Place | Evict | Wait | Refuse
 
 
-def decide(rule: ServiceRule, need: int, rooms: Sequence[Room]) -> Decision:
-    """Admission of a load of ``rule.name`` needing ``need`` bytes (steps 1-3 above)."""
+def decide(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Decision:
+    """Admission of a load of ``rule.name`` needing ``need`` bytes (steps 1-4 above)."""
     fitting = [room for room in rooms if need <= room.available]
     if fitting:
         best = max(fitting, key=lambda room: (room.available - need, -room.device))
         return Place(best.device, best.available)
-    offers = {room.device: max_offer(rule, room) for room in rooms}
+    offers = {room.device: max_offer(room) for room in rooms}
     if all(need > offers[room.device] for room in rooms):
         return _refusal(rule, need, rooms, offers)
     options: list[tuple[tuple[int, SetKey, int, int], Evict]] = []
     for room in rooms:
         if need > offers[room.device]:
             continue
-        plan = _plan_on(rule, need, room)
+        plan = _plan_on(rule, need, room, now)
         if plan is None:
             continue
         freed = sum(v.charge for v in (*plan.victims, *plan.claimed))
@@ -100,23 +200,21 @@ def decide(rule: ServiceRule, need: int, rooms: Sequence[Room]) -> Decision:
         )
         options.append((rank, plan))
     if not options:
-        return _wait(rule, need, rooms)
+        return _wait(rule, need, [r for r in rooms if need <= offers[r.device]], now)
     return min(options, key=lambda option: option[0])[1]
 
 
-def max_offer(rule: ServiceRule, room: Room) -> int:
-    """What ``room`` could offer ``rule``'s service with everything it may evict gone.
+def max_offer(room: Room) -> int:
+    """What ``room`` could offer with every instance that is not pinned gone.
 
-    Holds of other waiting loads are added back: they are transient, and a load must not
+    Holds of other waiting loads do not count: they are transient, and a load must not
     be refused for good because another one is momentarily in line before it.
     """
-    gone = sum(
-        r.charge for r in room.residents if r.going or may_evict(rule, r, ignore_protection=True)
-    )
-    return room.available + room.held_by_others + gone
+    pinned = sum(r.charge for r in room.residents if r.residency is Residency.PINNED)
+    return room.budget - pinned
 
 
-def _plan_on(rule: ServiceRule, need: int, room: Room) -> Evict | None:
+def _plan_on(rule: ServiceRule, need: int, room: Room, now: float) -> Evict | None:
     deficit = need - room.available
     claimed: list[Resident] = []
     coming = [r for r in room.residents if r.going and r.claimed_by is None]
@@ -131,7 +229,7 @@ def _plan_on(rule: ServiceRule, need: int, room: Room) -> Evict | None:
         if not r.going
         and r.claimed_by is None
         and r.state is InstanceState.READY
-        and may_evict(rule, r)
+        and eviction_block(rule, r, now) is None
     ]
     victims = choose_victims(rest, candidates)
     if victims is None:
@@ -139,40 +237,62 @@ def _plan_on(rule: ServiceRule, need: int, room: Room) -> Evict | None:
     return Evict(room.device, room.available, deficit, victims, tuple(claimed))
 
 
-def _wait(rule: ServiceRule, need: int, rooms: Sequence[Room]) -> Wait:
-    """Why a load that could fit cannot be planned yet, in words that stay the same
-    while the reason does (the core says each distinct wait once)."""
-    residents = [r for room in rooms for r in room.residents]
-    evictable = [r for r in residents if may_evict(rule, r, ignore_protection=True)]
-    starting = sorted(r.name for r in evictable if r.state is InstanceState.STARTING)
-    protected = sorted(
-        r.name for r in evictable if r.state is InstanceState.READY and not may_evict(rule, r)
-    )
-    going = sorted(r.name for r in residents if r.going)
-    reasons = []
-    if starting:
-        reasons.append(f"still starting: {', '.join(starting)}")
-    if protected:
-        reasons.append(f"serving the requests they were loaded for: {', '.join(protected)}")
-    if going:
-        reasons.append(f"stopping for other loads: {', '.join(going)}")
-    if any(room.held_by_others > 0 for room in rooms):
-        reasons.append("memory held for other loads waiting on evictions")
-    message = f"{rule.name} waits for {format_size(need)}: " + ("; ".join(reasons) or "no room")
-    figures = {room.device: room.available for room in rooms}
-    return Wait(message, {"need": need, "available": figures, "reasons": reasons})
+def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holder, ...]:
+    """What keeps memory from ``rule``'s load on ``rooms`` now, largest first."""
+    out: list[Holder] = []
+    for room in rooms:
+        for r in sorted(room.residents, key=lambda r: (-r.charge, r.name)):
+            why: str | None
+            by = r.claimed_by
+            if r.residency is Residency.PINNED:
+                continue  # never yields: counted in max_offer, not waited for
+            if r.going:
+                why = "stopping" if by not in (None, rule.name) else None
+            elif by not in (None, rule.name):
+                why = "claimed"
+            elif r.state is InstanceState.STARTING:
+                why = "starting"
+            else:
+                why = eviction_block(rule, r, now)
+            if why is None:
+                continue
+            out.append(
+                Holder(
+                    name=r.name,
+                    device=room.device,
+                    why=str(why),
+                    charge=r.charge,
+                    residency=str(r.residency),
+                    priority=r.priority,
+                    in_flight=r.in_flight,
+                    queued=r.queued,
+                    last_used=r.last_used,
+                    yields_at=r.protected_until() if why is Block.PROTECTED else None,
+                    by=by if why in ("stopping", "claimed") else None,
+                )
+            )
+        out += [
+            Holder(name=name, device=room.device, why="held", charge=size, by=name)
+            for name, size in room.holds
+            if size > 0
+        ]
+    return tuple(out)
+
+
+def _wait(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Wait:
+    return Wait(need, {room.device: room.available for room in rooms}, holders(rule, rooms, now))
 
 
 def _refusal(rule: ServiceRule, need: int, rooms: Sequence[Room], offers: dict[int, int]) -> Refuse:
     parts: list[str] = []
     devices: list[dict[str, Any]] = []
     for room in rooms:
-        holders = [
+        pinned = [
             r
             for r in sorted(room.residents, key=lambda r: (-r.charge, r.name))
-            if not r.going and not may_evict(rule, r, ignore_protection=True)
+            if r.residency is Residency.PINNED
         ]
-        named = [f"{r.name} ({_describe(r)}) holds {format_size(r.charge)}" for r in holders]
+        named = [f"pinned {r.name} holds {format_size(r.charge)}" for r in pinned]
         if room.foreign > 0:
             named.append(f"foreign processes {format_size(room.foreign)}")
         if room.headroom > 0:
@@ -188,7 +308,7 @@ def _refusal(rule: ServiceRule, need: int, rooms: Sequence[Room], offers: dict[i
             {
                 "device": room.device,
                 "max_offer": offers[room.device],
-                "holders": {r.name: r.charge for r in holders},
+                "holders": {r.name: r.charge for r in pinned},
                 "foreign": room.foreign,
                 "headroom": room.headroom,
                 "budget_limit": limit,
@@ -196,9 +316,3 @@ def _refusal(rule: ServiceRule, need: int, rooms: Sequence[Room], offers: dict[i
         )
     message = f"{rule.name} needs {format_size(need)} but " + "; ".join(parts)
     return Refuse(message, {"need": need, "devices": devices})
-
-
-def _describe(resident: Resident) -> str:
-    if resident.residency is Residency.PINNED:
-        return "pinned"
-    return f"{resident.residency}, priority {resident.priority}"

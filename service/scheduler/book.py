@@ -38,7 +38,7 @@ class Book:
         self.ledger = Ledger(device_rule)
         self.services: dict[str, ServiceState] = {}
         self.requests: dict[str, str] = {}  # queued or in-flight request id -> service
-        self.allowed: frozenset[str] = frozenset()  # window-only services allowed now
+        self.allowed_now: frozenset[str] = frozenset()  # window-only services allowed now
         self.next_open: dict[str, float] = {}
         self.now = 0.0
         self.out: list[Action] = []
@@ -52,11 +52,15 @@ class Book:
         """Services by priority (higher first), then name: the order of every sweep."""
         return sorted(self.services.values(), key=lambda s: (-s.rule.priority, s.name))
 
+    def allowed(self, svc: ServiceState) -> bool:
+        """Whether ``svc`` may run now: not removed, and window-only only in its window."""
+        if svc.removed:
+            return False
+        return svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in self.allowed_now
+
     def wants(self, svc: ServiceState) -> bool:
         """Whether a load of ``svc`` is asked for and allowed now."""
-        if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in self.allowed:
-            return False
-        return svc.wants_load
+        return self.allowed(svc) and svc.wants_load
 
     def claimed(self, svc: ServiceState, victim: str) -> bool:
         """Whether ``victim`` is still resident and claimed by ``svc``'s waiting load."""
@@ -93,11 +97,18 @@ class Book:
         """``device`` as ``svc``'s admission sees it (other loads' holds deducted)."""
         reading = self.ledger.reading(device)
         assert reading is not None, "only sampled devices are candidates"
-        held = self.held(device, but=svc.name)
+        holds = tuple(
+            (s.name, self.hold(s))
+            for s in sorted(self.services.values(), key=lambda s: s.name)
+            if s.plan is not None and s.plan.device == device and s.name != svc.name
+        )
+        held = sum(size for _, size in holds)
         return Room(
             device=device,
             available=self.ledger.available(device, self.holdings(device), held),
+            budget=self.ledger.budget(device),
             held_by_others=held,
+            holds=holds,
             total=reading.total,
             foreign=reading.foreign,
             headroom=self.ledger.rule.headroom,
@@ -182,10 +193,20 @@ class Book:
         self.out.append(Note(svc, kind, message, dict(data)))
 
     def note_once(
-        self, svc: ServiceState, kind: str, message: str, data: Mapping[str, object]
+        self,
+        svc: ServiceState,
+        kind: str,
+        message: str,
+        data: Mapping[str, object],
+        *,
+        key: str | None = None,
     ) -> None:
-        """A note for a decision that may be re-taken on every event: said once."""
-        key = f"{kind}:{message}"
+        """A note for a decision that may be re-taken on every event: said once.
+
+        ``key`` identifies the decision when its message carries figures that move on
+        (a protection's time left): the note is said again only when the key changes.
+        """
+        key = f"{kind}:{message if key is None else key}"
         if svc.last_note != key:
             svc.last_note = key
             self.out.append(Note(svc.name, kind, message, dict(data)))

@@ -7,24 +7,30 @@ returns the actions of both, in order. The pass is the whole algorithm:
 1. Drains: an instance draining with nothing in flight is told to terminate.
 2. Dropped loads: a load waiting on evictions whose last waiter went away is dropped
    (its victims keep stopping: a stop is never undone, nor is a ``Start``).
-3. Restarts: a service marked for restart by a policy change is stopped at its first
-   idle moment; a pinned one holds its memory for its own return.
+3. Restarts (a window's, ``on_cap: restart``, a changed command, an operator's): the
+   instance drains at once, keeps its memory claimed for its own return, and starts
+   again as soon as it has stopped (``planner.restart``).
 4. Grants: each ready instance takes queued requests up to ``max_concurrency``, in
    arrival order; draining instances never get grants.
 5. Loads: every stopped service that something waits for (requests, pinning, preload,
-   an operator) is admitted in priority order (higher first), then arrival order.
-   Admission (``admission``) places it on the device with the most room left, or plans
-   evictions (``eviction``: the fewest victims; idle, lower priority, cheaper reload and
-   least recently used first) and claims the victims, or makes it wait, or refuses it at
-   once with the holders of the memory named. A load whose victims are still stopping is
-   skipped: it has its plan, and picking a second victim set for the same need would
-   evict twice. When the victims have stopped, admission runs again with fresh figures.
+   an operator, a restart) is admitted in priority order (higher first), then by its
+   oldest waiting request. Admission (``admission``) places it on the device with the
+   most room left, or plans evictions (``eviction``: only instances it may evict now,
+   with ``protect``; the fewest victims; idle, lower priority, cheaper reload and least
+   recently used first) and claims the victims, or makes it wait naming each holder and
+   when it can yield, or -- only when it can never fit -- refuses it at once. A load
+   whose victims are still stopping is skipped: it has its plan, and picking a second
+   victim set for the same need would evict twice. A load later in line that the
+   waiting ones could not evict back without waiting for a protection waits behind them
+   (``planner.may_backfill``), so no waiting load is overtaken for ever.
 
 While a load waits for its victims it *holds* ``need - victims' charges`` on the device
 (``Book.hold``), so the memory it waits for cannot be taken by a later, lower load. Every
 resident or starting instance is charged ``max(measured, expected peak)`` from the moment
 its ``Start`` is issued (``ledger``), so two loads never race for the same bytes.
-Timeouts (queue, idle TTL, drain deadlines) are checked only on ``Tick``.
+Timeouts (queue, idle TTL, drain deadlines) and lapsed protections are acted on at the
+next ``Tick``. A service holds at most ``max_concurrency + queue.max`` requests, in
+flight and queued together, at all times (loading and restarting included).
 
 Everything is iterated in sorted order, so the same events give the same actions.
 """
@@ -56,7 +62,8 @@ from service.scheduler.events import (
     UnloadRequested,
     WindowChanged,
 )
-from service.scheduler.eviction import may_evict
+from service.scheduler.eviction import Block, eviction_block
+from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
 from service.scheduler.planner import run_pass
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
@@ -89,6 +96,11 @@ class Scheduler:
         svc = self._book.services[name]
         waiting = svc.plan is not None or (svc.state is S.STOPPED and self._book.wants(svc))
         return svc.view(self._book.now if now is None else now, waiting_for_memory=waiting)
+
+    def explain(self, name: str, now: float | None = None) -> Explanation:
+        """What loading ``name`` now would do, changing nothing (``explain``).
+        Raises ``KeyError`` for an unknown service."""
+        return explain(self._book, name, self._book.now if now is None else now)
 
     def devices(self) -> tuple[int, ...]:
         """Devices of the last sample that the policy lets vramd use."""
@@ -156,7 +168,7 @@ class Scheduler:
         refusal: tuple[str, str, float | None] | None = None
         if svc.state is S.FAILED:
             refusal = (act.RUNTIME_FAILED, _failed_message(svc), None)
-        elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed:
+        elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed_now:
             message = f"{name} runs only in a maintenance window that allows it"
             refusal = (act.WINDOW_CLOSED, message, book.retry_window(name))
         elif rule.residency is Residency.PINNED and svc.operator_unloaded:
@@ -164,8 +176,12 @@ class Scheduler:
         elif svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
             book.grant(svc, rid)
             return
-        elif len(svc.queue) >= rule.queue_max:
-            message = f"{name} has {len(svc.queue)} requests queued (queue.max {rule.queue_max})"
+        elif len(svc.in_flight) + len(svc.queue) >= rule.max_concurrency + rule.queue_max:
+            message = (
+                f"{name} holds {len(svc.in_flight)} request(s) in flight and "
+                f"{len(svc.queue)} queued (max_concurrency {rule.max_concurrency} + "
+                f"queue.max {rule.queue_max})"
+            )
             refusal = (act.QUEUE_FULL, message, book.retry_queue(svc))
         if refusal is not None:
             book.out.append(Reject(rid, name, *refusal))
@@ -216,6 +232,7 @@ class Scheduler:
         svc.load_intent = None
         svc.restart_pending = False
         book.reject_queue(svc, act.RUNTIME_FAILED, _failed_message(svc))
+        svc.wait = svc.behind = None
         if svc.removed:
             del book.services[svc.name]
 
@@ -243,7 +260,10 @@ class Scheduler:
                         f"waited {format_duration(waited)} in the queue of {svc.name} "
                         f"(queue.timeout {format_duration(rule.queue_timeout_s)})"
                     )
-                    book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, None)
+                    why, retry = _what_it_waited_for(svc, now)
+                    if why:
+                        message += f": {why}"
+                    book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, retry)
             deadline = svc.drain_deadline
             if svc.state is S.DRAINING and deadline is not None and now >= deadline:
                 reason = (
@@ -260,10 +280,10 @@ class Scheduler:
 
     def _on_window(self, event: WindowChanged) -> None:
         book = self._book
-        book.allowed = event.allowed
+        book.allowed_now = event.allowed
         book.next_open = dict(event.next_open_at)
         for svc in book.ordered():
-            if svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in book.allowed:
+            if svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in book.allowed_now:
                 continue
             message = f"the maintenance window that allows {svc.name} closed"
             book.reject_queue(svc, act.WINDOW_CLOSED, message, book.retry_window(svc.name))
@@ -313,7 +333,7 @@ class Scheduler:
             and other.resident
             and other.device == svc.device
             and other.state in (S.READY, S.STARTING)
-            and may_evict(svc.rule, other.snapshot(), ignore_protection=True)
+            and eviction_block(svc.rule, other.snapshot(), book.now) in (None, Block.BATCH)
         ]
         if not victims:
             book.note(svc.name, "make-room", f"{event.reason}: nothing {svc.name} may evict")
@@ -331,8 +351,10 @@ class Scheduler:
             book.stop(victim, f"evicted to make room for {svc.name}'s retry", sleepable=True)
 
     def _on_restart(self, event: RestartRequested) -> None:
+        # Draining or stopping, the instance is on its way out already (a restart in
+        # progress, an eviction, an unload): what comes next is a fresh instance.
         svc = self._book.services.get(event.service)
-        if svc is not None and svc.resident and not svc.removed:
+        if svc is not None and svc.state in (S.READY, S.STARTING) and not svc.removed:
             svc.restart_pending = True
             svc.restart_reason = event.reason
 
@@ -358,6 +380,7 @@ class Scheduler:
             return
         svc.load_intent = None
         svc.restart_pending = False
+        svc.wait = svc.behind = None
         book.drop_plan(svc)
         # Pinned means "keep it loaded"; the operator overrides that until a load. Any
         # other service loads again for the next request, but not for those already
@@ -375,6 +398,25 @@ def _expired_idle(svc: ServiceState, now: float) -> float | None:
     if not svc.idle or svc.last_used is None or now - svc.last_used < ttl:
         return None
     return now - svc.last_used
+
+
+def _what_it_waited_for(svc: ServiceState, now: float) -> tuple[str | None, float | None]:
+    """What a queued request of ``svc`` was waiting for, and when that may change."""
+    if svc.plan is not None:
+        victims = ", ".join(sorted(svc.plan.victims))
+        return f"{svc.name} was waiting for {victims} to stop", None
+    text = svc.waiting_text(now) if svc.state is S.STOPPED else None
+    if text is not None:
+        yields = svc.wait.yields_at() if svc.wait is not None else None
+        return text, None if yields is None else max(0.0, yields - now)
+    if svc.state is S.STARTING:
+        return f"{svc.name} was still loading", None
+    if svc.state in (S.DRAINING, S.STOPPING):
+        return f"{svc.name} was stopping ({svc.stop_reason})", None
+    if svc.state is S.READY:
+        slots = svc.rule.max_concurrency
+        return f"all {slots} slot(s) of {svc.name} were busy", None
+    return None, None
 
 
 def _failed_message(svc: ServiceState) -> str:

@@ -93,7 +93,7 @@ class PolicyChanged:
     """A policy was applied (the first one at startup).
 
     ``restart`` names services whose process changed (command, env, GPUs...): they are
-    restarted at their next idle moment.
+    restarted at once, drained (DESIGN section 4).
     """
 
     rules: Mapping[str, ServiceRule]
@@ -123,8 +123,12 @@ class UnloadRequested:
 
 @dataclass(frozen=True, slots=True)
 class RestartRequested:
-    """Restart a resident service at its next idle moment (a maintenance window's
-    restart): no request is cut; a pinned one keeps its memory for its own return."""
+    """Restart a loaded service (a maintenance window, ``on_cap: restart``, an operator).
+
+    Drained at once: no new requests (they queue for the new instance), those in flight
+    finish within ``stop_timeout``, then it stops and starts again with its memory kept
+    claimed in between. Ignored for a service that is not starting or ready.
+    """
 
     service: str
     reason: str

@@ -2,17 +2,18 @@
 
 Event handlers only record facts; this pass turns the resulting state into actions, so a
 decision never depends on which event happened to make it possible: a slot freed by a
-finished request, memory freed by a stopped victim and a newly sampled device all lead
-to the same grants and loads.
+finished request, memory freed by a stopped victim, a protection that lapsed on a tick
+and a newly sampled device all lead to the same grants and loads.
 """
 
 from __future__ import annotations
 
-from service.domain import InstanceState
+from service.domain import InstanceState, Residency
 from service.scheduler import actions as act
 from service.scheduler.actions import Start
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
+from service.scheduler.rules import ServiceRule
 from service.scheduler.state import Plan, ServiceState
 from service.units import format_size
 
@@ -26,22 +27,36 @@ def run_pass(book: Book) -> None:
             book.terminate(svc, f"{svc.stop_reason}; nothing in flight")
     for svc in book.ordered():
         if svc.plan is not None and not book.wants(svc):
-            # Step 5 of admission: the last waiter left before the load started.
+            # Step 6 of admission: the last waiter left before the load started.
             book.drop_plan(svc)
             book.note(svc.name, "drop-plan", f"nothing waits for {svc.name}; its load is dropped")
     for svc in book.ordered():
-        if svc.restart_pending and svc.state is S.READY and svc.idle:
-            _restart(book, svc)
+        if svc.restart_pending and svc.state is S.READY:
+            restart(book, svc)
     for svc in book.ordered():
         while svc.state is S.READY and svc.queue and len(svc.in_flight) < svc.rule.max_concurrency:
             book.grant(svc, svc.queue.popleft().request_id)
     loads = [s for s in book.services.values() if s.state is S.STOPPED and book.wants(s)]
+    heads: list[ServiceState] = []  # loads earlier in line that wait for memory
     for svc in sorted(loads, key=lambda s: (-s.rule.priority, s.first_seq(), s.name)):
         if svc.plan is not None:
             if any(book.claimed(svc, victim) for victim in svc.plan.victims):
                 continue  # victims still stopping: the plan stands, no second victim set
             book.drop_plan(svc)
-        admit(book, svc)
+        head = first_in_line(book, svc, heads)
+        if head is not None:
+            _wait_behind(book, svc, head)
+        else:
+            svc.behind = None
+            admit(book, svc)
+        waiting = svc.wait is not None or svc.behind is not None
+        if svc.state is S.STOPPED and svc.plan is None and waiting:
+            heads.append(svc)
+
+
+def candidates(book: Book, rule: ServiceRule) -> list[int]:
+    """The sampled devices a service may be placed on."""
+    return [d for d in book.ledger.devices() if rule.gpus is None or d in rule.gpus]
 
 
 def admit(book: Book, svc: ServiceState) -> None:
@@ -51,22 +66,64 @@ def admit(book: Book, svc: ServiceState) -> None:
     if not sampled:
         book.note_once(svc, "wait", f"{svc.name} waits for the first memory sample", {})
         return
-    candidates = [d for d in sampled if rule.gpus is None or d in rule.gpus]
-    if not candidates:
+    devices = candidates(book, rule)
+    if not devices:
         gpus = list(rule.gpus or ())
         message = f"{svc.name} may use GPUs {gpus} only, but vramd uses {list(sampled)}"
         _refuse(book, svc, message, {"gpus": gpus, "devices": list(sampled)})
         return
-    decision = decide(rule, need, [book.room(d, svc) for d in candidates])
+    decision = decide(rule, need, [book.room(d, svc) for d in devices], book.now)
     match decision:
         case Place():
             _start(book, svc, decision.device, need, decision.available)
         case Evict():
             _evict(book, svc, decision, need)
         case Wait():
-            book.note_once(svc, "wait", decision.reason, decision.data)
+            _wait(book, svc, decision)
         case Refuse():
             _refuse(book, svc, decision.message, decision.data)
+
+
+def may_backfill(head: ServiceRule, rule: ServiceRule) -> bool:
+    """Whether a load later in line may take memory the waiting ``head`` could use.
+
+    Only if ``head`` could take it back without waiting for a protection to lapse (the
+    residency table's first clause), so a waiting load is never overtaken for ever:
+    a pinned service always loads, window-only work is evictable by anything, an
+    on-demand one of equal or lower priority yields after the requests it was loaded
+    for, a warm one only to a strictly higher priority.
+    """
+    if rule.residency in (Residency.PINNED, Residency.WINDOW_ONLY):
+        return True
+    if rule.residency is Residency.WARM:
+        return head.priority > rule.priority
+    return head.priority >= rule.priority
+
+
+def first_in_line(book: Book, svc: ServiceState, heads: list[ServiceState]) -> str | None:
+    """The first of ``heads`` (waiting loads earlier in line) that ``svc`` must not
+    overtake on a device they share (``may_backfill``), if any."""
+    mine = set(candidates(book, svc.rule))
+    for head in heads:
+        if mine & set(candidates(book, head.rule)) and not may_backfill(head.rule, svc.rule):
+            return head.name
+    return None
+
+
+def _wait_behind(book: Book, svc: ServiceState, head: str) -> None:
+    svc.wait, svc.behind = None, head
+    message = f"{svc.name} waits behind {head}, first in line for the same memory"
+    book.note_once(svc, "wait", message, {"behind": head})
+
+
+def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
+    svc.wait = wait
+    data = {
+        "need": wait.need,
+        "available": wait.available,
+        "holders": [h.as_dict(book.now) for h in wait.holders],
+    }
+    book.note_once(svc, "wait", wait.message(svc.name, book.now), data, key=wait.key)
 
 
 def _start(book: Book, svc: ServiceState, device: int, need: int, available: int) -> None:
@@ -81,10 +138,12 @@ def _start(book: Book, svc: ServiceState, device: int, need: int, available: int
         available=available,
         budget=budget,
     )
-    if svc.queue:
+    if svc.load_intent is not None:
+        reason = svc.load_intent
+    elif svc.queue:
         reason = f"{len(svc.queue)} request(s) waiting"
     else:
-        reason = svc.load_intent or str(svc.rule.residency)
+        reason = str(svc.rule.residency)
     book.out.append(Start(svc.name, device, reason))
     svc.state = S.STARTING
     svc.device = device
@@ -94,6 +153,7 @@ def _start(book: Book, svc: ServiceState, device: int, need: int, available: int
     svc.load_intent = None
     svc.last_note = None
     svc.error = None
+    svc.wait = None
 
 
 def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
@@ -101,6 +161,7 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     names = [v.name for v in (*decision.victims, *decision.claimed)]
     svc.plan = Plan(decision.device, need, frozenset(names), book.now)
     svc.last_note = None
+    svc.wait = None
     for name in names:
         book.services[name].claimed_by = svc.name
     parts = [
@@ -128,18 +189,26 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
         book.stop(book.services[victim.name], reason, sleepable=True)
 
 
-def _restart(book: Book, svc: ServiceState) -> None:
+def restart(book: Book, svc: ServiceState) -> None:
+    """A drained restart (DESIGN section 4): drain now, start again at once.
+
+    The instance takes no new requests (they queue for the new one), its memory stays
+    claimed for its own return (with itself as the only victim, its hold grows to its
+    whole need as it stops, so no other load takes it), and the restart intent loads it
+    again even if nothing waits: a restart never leaves unloaded what was loaded.
+    """
     svc.restart_pending = False
-    if book.wants(svc) and svc.device is not None:
-        # A pinned service keeps its memory for its own return: with itself as the only
-        # victim, its hold grows to its whole need as it stops, so no lower load takes it.
+    reason = f"restart: {svc.restart_reason or 'requested'}"
+    if book.allowed(svc) and svc.device is not None:
+        svc.load_intent = reason
         svc.plan = Plan(svc.device, svc.expected_peak, frozenset({svc.name}), book.now)
         svc.claimed_by = svc.name
-    book.stop(svc, f"restart: {svc.restart_reason or 'requested'}")
+    book.stop(svc, reason)
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:
     book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, message)
     svc.load_intent = None
     svc.error = message
+    svc.wait = None
     book.note_once(svc, "refuse", message, data)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.domain import Residency
-from service.policy import Policy, Service
+from service.policy import Policy, Service, protect_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,8 @@ class ServiceRule:
 
     ``idle_ttl_s`` is already resolved per residency by the policy loader; 0 means the
     instance never unloads for being idle. ``gpus`` None means any device the daemon uses.
+    ``protect_s``: how long an idle instance keeps its memory against lower priorities
+    (``math.inf``: never yields to them); None means the residency's default.
     """
 
     name: str
@@ -35,6 +37,12 @@ class ServiceRule:
     stop_timeout_s: float
     gpus: tuple[int, ...] | None = None
     preload: bool = False
+    protect_s: float | None = None
+
+    @property
+    def protection_s(self) -> float:
+        """``protect_s`` resolved: seconds, ``math.inf`` for never (and for pinned)."""
+        return protect_seconds(self.protect_s, self.residency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,7 @@ def rule_from_service(name: str, service: Service) -> ServiceRule:
         stop_timeout_s=service.stop_timeout,
         gpus=tuple(service.gpus) if service.gpus is not None else None,
         preload=service.preload,
+        protect_s=protect_seconds(service.protect, service.residency),
     )
 
 

@@ -11,10 +11,12 @@ it is exactly that: a load in progress holding its reservation.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from service.domain import RESIDENT_STATES, InstanceState, Residency
+from service.scheduler.admission import Wait
 from service.scheduler.eviction import Resident
 from service.scheduler.rules import Learned, ServiceRule, expected_peak
 
@@ -55,6 +57,13 @@ class ServiceView:
     waiting_for_memory: bool
     restart_pending: bool
     error: str | None
+    # What a waiting load waits for, in words and per holder (DESIGN section 4, step 4).
+    waiting_for: str | None = None
+    wait_holders: tuple[dict[str, object], ...] = ()
+    # The victims a planned load waits for (already told to stop).
+    evicting: tuple[str, ...] = ()
+    # How much longer a ready, idle instance keeps its memory against lower priorities.
+    protected_for: float | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +80,10 @@ class ServiceState:
     # Requests queued when the current load began: the no-thrash rule protects the
     # instance from equal priorities until they are served.
     loaded_for: frozenset[str] = frozenset()
+    # Why the last admission made this load wait (None: it did not), and the load it
+    # waits behind when that one is first in line for the same memory.
+    wait: Wait | None = None
+    behind: str | None = None
     drain_deadline: float | None = None
     stop_reason: str = ""
     stop_sleepable: bool = False
@@ -111,7 +124,8 @@ class ServiceState:
         return not self.in_flight and not self.queue
 
     @property
-    def protected(self) -> bool:
+    def batch_pending(self) -> bool:
+        """No-thrash: some request queued when the load began is still being served."""
         if not self.loaded_for:
             return False
         waiting = {w.request_id for w in self.queue}
@@ -139,9 +153,20 @@ class ServiceState:
             busy=not self.idle,
             last_used=self.last_used,
             load_s=self.learned.load_s,
-            protected=self.protected,
+            batch_pending=self.batch_pending,
             claimed_by=self.claimed_by,
+            protect_s=self.rule.protection_s,
+            in_flight=len(self.in_flight),
+            queued=len(self.queue),
         )
+
+    def waiting_text(self, now: float) -> str | None:
+        if self.plan is not None:
+            victims = ", ".join(sorted(self.plan.victims))
+            return f"{self.name} waits for {victims} to stop on device {self.plan.device}"
+        if self.behind is not None:
+            return f"{self.name} waits behind {self.behind}, first in line for the same memory"
+        return None if self.wait is None else self.wait.message(self.name, now)
 
     def view(self, now: float, *, waiting_for_memory: bool) -> ServiceView:
         idle_for = None
@@ -161,4 +186,18 @@ class ServiceState:
             waiting_for_memory=waiting_for_memory,
             restart_pending=self.restart_pending,
             error=self.error,
+            waiting_for=self.waiting_text(now) if waiting_for_memory else None,
+            wait_holders=tuple(h.as_dict(now) for h in self.wait.holders)
+            if waiting_for_memory and self.wait is not None and self.behind is None
+            else (),
+            evicting=tuple(sorted(self.plan.victims)) if self.plan is not None else (),
+            protected_for=self._protected_for(now),
         )
+
+    def _protected_for(self, now: float) -> float | None:
+        if self.state is not InstanceState.READY or not self.idle or self.last_used is None:
+            return None
+        protect = self.rule.protection_s
+        if math.isinf(protect) or self.rule.residency is Residency.PINNED:
+            return None
+        return max(0.0, self.last_used + protect - now)

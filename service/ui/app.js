@@ -92,6 +92,14 @@ function bytes(n) {
   return `${sign}${value.toFixed(digits)} ${UNITS[unit]}`;
 }
 
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m${s % 60 ? `${s % 60}s` : ""}`;
+  return `${Math.floor(m / 60)}h${m % 60 ? `${m % 60}m` : ""}`;
+}
+
 function clock(ts) {
   return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
 }
@@ -349,7 +357,16 @@ function updateRow(r, s) {
   setText(r.nameCell.querySelector(".models"), `${s.kind} · ${s.models.join(", ")}`);
   const badge = el("span", { class: `badge state-${s.state}`, text: s.state });
   const stateParts = [badge];
-  if (s.waiting_for_memory) stateParts.push(el("span", { class: "sub", text: "waiting for memory" }));
+  if (s.waiting_for) {
+    // What the load waits for, per DESIGN section 4: who holds the memory and until when.
+    const text = s.waiting_for.replace(`${s.name} `, "");
+    stateParts.push(el("span", { class: "sub waiting", title: s.waiting_for, text }));
+  } else if (s.waiting_for_memory) {
+    stateParts.push(el("span", { class: "sub", text: "waiting for memory" }));
+  }
+  if (s.protected_for_s !== null && s.protected_for_s !== undefined && s.protected_for_s > 0) {
+    stateParts.push(el("span", { class: "sub muted", text: `protected ${duration(s.protected_for_s)} more` }));
+  }
   if (s.last_error && s.state !== "ready") {
     stateParts.push(el("span", { class: "sub error-text", title: s.last_error, text: s.last_error }));
   }

@@ -1,0 +1,166 @@
+"""What loading a service now would do, asked without doing it (DESIGN section 4).
+
+``explain`` runs the same admission the scheduling pass runs (``admission.decide`` and
+the pass's "first in line" rule) on the current books and reports the answer -- fits
+on device D, would evict X and Y, would wait for X (and when X can yield), can never
+fit -- with the figures behind it. It changes nothing: no action, no note, no claim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.domain import InstanceState
+from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
+from service.scheduler.book import Book
+from service.scheduler.planner import candidates, first_in_line
+from service.scheduler.state import ServiceState
+from service.units import format_duration, format_size
+
+S = InstanceState
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """``verdict``: loaded, stopping, fits, evict, evicting (victims already stopping),
+    wait, never, window_closed or failed. ``message`` says it in words."""
+
+    service: str
+    verdict: str
+    message: str
+    need: int
+    device: int | None = None
+    available: dict[int, int] = field(default_factory=dict)
+    victims: tuple[dict[str, Any], ...] = ()
+    holders: tuple[dict[str, Any], ...] = ()
+    behind: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "service": self.service,
+            "verdict": self.verdict,
+            "message": self.message,
+            "need_bytes": self.need,
+            "device": self.device,
+            "available_bytes": {str(d): a for d, a in self.available.items()},
+            "victims": list(self.victims),
+            "holders": list(self.holders),
+            "behind": self.behind,
+            **self.data,
+        }
+
+
+def explain(book: Book, name: str, now: float) -> Explanation:
+    """Raises ``KeyError`` for an unknown service."""
+    svc = book.services[name]
+    need = svc.expected_peak
+    if svc.resident:
+        return _resident(svc, need)
+    if svc.state is S.FAILED:
+        message = f"{name} failed ({svc.error or 'crash-looping'}); a load clears it"
+        return Explanation(name, "failed", message, need)
+    if not book.allowed(svc):
+        message = f"{name} runs only in a maintenance window that allows it; none is open"
+        opens = book.retry_window(name)
+        data = {"opens_in_s": opens}
+        if opens is not None:
+            message += f" (the next opens in {format_duration(opens)})"
+        return Explanation(name, "window_closed", message, need, data=data)
+    if svc.plan is not None:
+        victims = ", ".join(sorted(svc.plan.victims))
+        message = f"{name} is loading on device {svc.plan.device} once {victims} have stopped"
+        return Explanation(name, "evicting", message, need, device=svc.plan.device)
+    devices = candidates(book, svc.rule)
+    if not book.ledger.devices():
+        return Explanation(name, "wait", f"{name} would wait for the first memory sample", need)
+    if not devices:
+        message = f"{name} may use GPUs {list(svc.rule.gpus or ())} only, none of them sampled"
+        return Explanation(name, "never", message, need)
+    head = first_in_line(book, svc, _ahead_of(book, svc))
+    if head is not None:
+        message = f"{name} would wait behind {head}, first in line for the same memory"
+        return Explanation(name, "wait", message, need, behind=head)
+    rooms = [book.room(d, svc) for d in devices]
+    available = {room.device: room.available for room in rooms}
+    decision = decide(svc.rule, need, rooms, now)
+    match decision:
+        case Place():
+            budget = book.ledger.budget(decision.device)
+            message = (
+                f"{name} fits on device {decision.device}: needs {format_size(need)}, "
+                f"{format_size(decision.available)} available of a {format_size(budget)} budget"
+            )
+            return Explanation(
+                name, "fits", message, need, decision.device, available, data={"budget": budget}
+            )
+        case Evict():
+            return _evict(name, need, decision, available)
+        case Wait():
+            return Explanation(
+                name,
+                "wait",
+                decision.message(name, now).replace(" waits ", " would wait ", 1),
+                need,
+                available=decision.available,
+                holders=tuple(h.as_dict(now) for h in decision.holders),
+                data={"yields_in_s": _yields_in(decision, now)},
+            )
+        case Refuse():
+            return Explanation(
+                name, "never", f"can never fit: {decision.message}", need, data=decision.data
+            )
+
+
+def _resident(svc: ServiceState, need: int) -> Explanation:
+    where = f"on device {svc.device}"
+    if svc.state in (S.DRAINING, S.STOPPING):
+        message = f"{svc.name} is {svc.state.value} {where} ({svc.stop_reason})"
+        return Explanation(svc.name, "stopping", message, need, svc.device)
+    message = f"{svc.name} is {svc.state.value} {where}, charged {format_size(svc.charge)}"
+    return Explanation(svc.name, "loaded", message, need, svc.device)
+
+
+def _evict(name: str, need: int, decision: Evict, available: dict[int, int]) -> Explanation:
+    victims = tuple(
+        {
+            "service": v.name,
+            "residency": str(v.residency),
+            "priority": v.priority,
+            "busy": v.busy,
+            "bytes": v.charge,
+            "already_stopping": v in decision.claimed,
+        }
+        for v in (*decision.victims, *decision.claimed)
+    )
+    names = ", ".join(v.name for v in (*decision.victims, *decision.claimed))
+    message = (
+        f"{name} would evict {names} on device {decision.device}: needs {format_size(need)}, "
+        f"{format_size(decision.available)} available"
+    )
+    return Explanation(name, "evict", message, need, decision.device, available, victims=victims)
+
+
+def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:
+    """Loads in line before ``svc`` that wait for memory, as the pass would meet them."""
+    mine = (-svc.rule.priority, svc.first_seq() if svc.queue else math.inf, svc.name)
+    return sorted(
+        (
+            other
+            for other in book.services.values()
+            if other is not svc
+            and other.state is S.STOPPED
+            and other.plan is None
+            and book.wants(other)
+            and (other.wait is not None or other.behind is not None)
+            and (-other.rule.priority, other.first_seq(), other.name) < mine
+        ),
+        key=lambda o: (-o.rule.priority, o.first_seq(), o.name),
+    )
+
+
+def _yields_in(wait: Wait, now: float) -> float | None:
+    at = wait.yields_at()
+    return None if at is None else max(0.0, at - now)

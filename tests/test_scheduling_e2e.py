@@ -1,0 +1,311 @@
+"""Admission version 2 on a live daemon with real demo runtimes (DESIGN section 4).
+
+Waiting instead of refusing, ``protect``, drained restarts under steady traffic (a cap,
+a window, an operator), one request bound for cold and warm services, and the
+explanation of what a load would do -- each against real processes holding real memory
+on the host backend.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.daemon import REPO_ROOT, VRAMD, Daemon, demo_command, policy_yaml, running_daemon
+
+pytestmark = pytest.mark.slow
+
+MiB = 2**20
+
+
+def service(held: str, *extra: str, **keys: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "kind": "chat",
+        "models": ["m"],
+        "command": demo_command(held, *extra),
+        "memory": {"estimate": "100MiB"},
+        "stop_timeout": "5s",
+    }
+    spec.update(keys)
+    return spec
+
+
+def ask(daemon: Daemon, model: str, timeout: float = 60) -> httpx.Response:
+    return httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "x"}]},
+        timeout=timeout,
+    )
+
+
+def in_background(fn: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(fn(*args)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+# Two 250 MiB services under a 484 MiB budget: only one fits at a time.
+def two_services(hi: dict[str, object], lo: dict[str, object]) -> str:
+    return policy_yaml({"hi": hi, "lo": lo}, budget="500MiB")
+
+
+HI = service(
+    "230MiB",
+    models=["hi"],
+    memory={"estimate": "300MiB"},
+    residency="warm",
+    preload=True,
+    priority=300,
+    protect="3s",
+)
+LO = service(
+    "230MiB",
+    models=["lo"],
+    memory={"estimate": "300MiB"},
+    priority=100,
+    queue={"max": 4, "timeout": "60s"},
+)
+
+
+def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_lapses(
+    tmp_path: Path,
+) -> None:
+    with running_daemon(two_services(HI, LO), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
+        assert ask(daemon, "hi").status_code == 200  # hi used now: protected for 3 s
+        explained = daemon.get("/api/services/lo/admission").json()
+        assert explained["verdict"] == "wait"
+        assert explained["holders"][0]["service"] == "hi"
+        assert explained["holders"][0]["why"] == "protected"
+        thread, box = in_background(ask, daemon, "lo")
+        daemon.wait_for(lambda: daemon.service("lo")["waiting_for"] is not None)
+        waiting = daemon.service("lo")
+        assert "hi (warm, priority 300)" in waiting["waiting_for"]
+        assert "protected for another" in waiting["waiting_for"]
+        assert waiting["wait_holders"][0]["service"] == "hi"
+        thread.join(60)
+        (response,) = box
+        assert response.status_code == 200, response.text
+        assert response.headers["x-vramd-cold-start"] == "1"
+        waits = [e for e in daemon.events(service="lo", kind="wait") if "hi" in e["message"]]
+        assert waits and waits[0]["data"]["holders"][0]["why"] == "protected"
+        assert daemon.service("hi")["state"] == "stopped"  # evicted, not refused
+
+
+def test_a_request_that_outwaits_its_queue_timeout_names_the_holder(tmp_path: Path) -> None:
+    hi = {**HI, "protect": "10m"}
+    lo = {**LO, "queue": {"max": 4, "timeout": "1s"}}
+    with running_daemon(two_services(hi, lo), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
+        response = ask(daemon, "lo")
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "queue_timeout"
+        assert "hi (warm, priority 300)" in error["message"]
+        assert "protected for another" in error["message"]
+        assert 0 < int(response.headers["retry-after"]) <= 600
+        assert daemon.service("hi")["state"] == "ready"
+
+
+def test_vramd_explain_and_ps_say_what_a_waiting_service_waits_for(tmp_path: Path) -> None:
+    hi = {**HI, "protect": "10m"}
+    lo = {**LO, "queue": {"max": 4, "timeout": "3s"}}
+    with running_daemon(two_services(hi, lo), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
+
+        def vramd(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*VRAMD, *args, "--url", daemon.url],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+
+        explained = vramd("explain", "lo")
+        assert explained.returncode == 0, explained.stderr
+        assert "lo would wait for" in explained.stdout
+        assert "hi (warm, priority 300)" in explained.stdout
+        assert "protected for another" in explained.stdout
+        loaded = vramd("explain", "hi")
+        assert loaded.returncode == 0 and "hi is ready on device 0" in loaded.stdout
+        thread, box = in_background(ask, daemon, "lo", 30)
+        daemon.wait_for(lambda: daemon.service("lo")["waiting_for"] is not None)
+        ps = vramd("ps")
+        assert ps.returncode == 0, ps.stderr
+        row = next(line for line in ps.stdout.splitlines() if line.startswith("lo "))
+        assert "waiting" in row
+        assert any(
+            line.startswith("lo: waits for") and "hi (warm, priority 300)" in line
+            for line in ps.stdout.splitlines()
+        ), ps.stdout
+        thread.join(30)
+        assert box[0].status_code == 503  # its 3 s queue.timeout, naming hi
+        assert vramd("explain", "nope").returncode == 1
+
+
+def test_an_over_cap_runtime_under_steady_traffic_is_restarted_without_a_failed_request(
+    tmp_path: Path,
+) -> None:
+    """8 MiB leaked per request, a 200 MiB cap, 4 clients that never stop: the restart
+    drains at once instead of waiting for an idle moment that never comes."""
+    spec = service(
+        "60MiB",
+        "--leak-per-request",
+        "8MiB",
+        "--latency-ms",
+        "30",
+        models=["m"],
+        memory={"estimate": "100MiB", "cap": "200MiB", "on_cap": "restart"},
+        residency="pinned",
+        max_concurrency=4,
+        queue={"max": 16, "timeout": "60s"},
+    )
+    policy = policy_yaml({"leaky": spec}, budget="1500MiB", sample_interval="0.1s")
+    with running_daemon(policy, tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("leaky")["state"] == "ready")
+        first_pid = daemon.service("leaky")["pid"]
+        statuses: Counter[int] = Counter()
+        peaks: list[int] = []
+        restarted = threading.Event()
+        stop = threading.Event()
+
+        def client() -> None:
+            with httpx.Client(base_url=daemon.url, timeout=60) as http:
+                while not stop.is_set():
+                    r = http.post(
+                        "/v1/chat/completions",
+                        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                    )
+                    statuses[r.status_code] += 1
+
+        def watch() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not restarted.is_set():
+                svc = daemon.service("leaky")
+                peaks.append(svc["footprint_bytes"] or 0)
+                if svc["state"] == "ready" and svc["pid"] not in (None, first_pid):
+                    restarted.set()
+                time.sleep(0.05)
+
+        with ThreadPoolExecutor(5) as pool:
+            clients = [pool.submit(client) for _ in range(4)]
+            watcher = pool.submit(watch)
+            watcher.result(90)
+            served_before_stop = sum(statuses.values())
+            stop.set()
+            for c in clients:
+                c.result(90)
+        assert restarted.is_set(), "the over-cap runtime was not restarted under traffic"
+        assert set(statuses) == {200}, statuses  # no request failed
+        assert sum(statuses.values()) >= served_before_stop > 20
+        # Restarted soon after crossing its cap, not after growing far past it.
+        assert max(peaks) < 600 * MiB, max(peaks) / MiB
+        flags = [e for e in daemon.events(kind="flag") if e["data"]["flag"] == "over-cap"]
+        assert flags
+        drains = [
+            e
+            for e in daemon.events(service="leaky", kind="state")
+            if "-> draining" in e["message"] and "over its cap" in e["message"]
+        ]
+        assert drains, "the restart drained the instance"
+
+
+@pytest.mark.parametrize("on_cap", ["stop", "warn"])
+def test_on_cap_stop_stops_and_on_cap_warn_only_flags(tmp_path: Path, on_cap: str) -> None:
+    spec = service(
+        "40MiB",
+        "--leak-per-request",
+        "30MiB",
+        models=["m"],
+        memory={"estimate": "60MiB", "cap": "100MiB", "on_cap": on_cap},
+        residency="warm",
+        preload=True,
+    )
+    policy = policy_yaml({"leaky": spec}, budget="900MiB", sample_interval="0.1s")
+    with running_daemon(policy, tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("leaky")["state"] == "ready")
+        pid = daemon.service("leaky")["pid"]
+        for _ in range(4):
+            assert ask(daemon, "m").status_code == 200
+        daemon.wait_for(lambda: "over-cap" in daemon.service("leaky")["flags"])
+        if on_cap == "stop":
+            daemon.wait_for(lambda: daemon.service("leaky")["state"] == "stopped")
+            assert [e for e in daemon.events(kind="cap-stop")]
+            # A warm service comes back for its next request, as a fresh instance.
+            assert ask(daemon, "m").status_code == 200
+            assert daemon.service("leaky")["pid"] not in (None, pid)
+        else:
+            for _ in range(5):  # samples go on; nothing restarts it
+                assert ask(daemon, "m").status_code == 200
+            svc = daemon.service("leaky")
+            assert (svc["state"], svc["pid"], svc["loads"]) == ("ready", pid, 1)
+            assert not [e for e in daemon.events(kind="cap-stop")]
+
+
+def test_a_window_restart_of_an_idle_warm_service_leaves_it_loaded(tmp_path: Path) -> None:
+    spec = service("30MiB", models=["m"], residency="warm", preload=True)
+    windows = """\
+maintenance:
+  windows:
+    - {name: nightly, cron: "30 3 * * *", duration: 2s, restart: [svc]}
+"""
+    with running_daemon(policy_yaml({"svc": spec}, extra=windows), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("svc")["state"] == "ready")
+        pid = daemon.service("svc")["pid"]
+        assert daemon.post("/api/maintenance/nightly/run").status_code == 200
+        daemon.wait_for(
+            lambda: (s := daemon.service("svc"))["state"] == "ready" and s["pid"] not in (None, pid)
+        )
+        assert daemon.service("svc")["loads"] == 2
+
+
+def test_an_operator_restart_is_drained_and_the_request_in_flight_finishes(
+    tmp_path: Path,
+) -> None:
+    spec = service("30MiB", "--latency-ms", "1500", models=["m"], residency="warm", preload=True)
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("svc")["state"] == "ready")
+        pid = daemon.service("svc")["pid"]
+        thread, box = in_background(ask, daemon, "m")
+        daemon.wait_for(lambda: daemon.service("svc")["in_flight"] == 1)
+        restarted = daemon.post("/api/services/svc/restart", timeout=60)
+        assert restarted.status_code == 200, restarted.text
+        assert restarted.json()["state"] == "ready" and restarted.json()["pid"] != pid
+        thread.join(30)
+        assert box[0].status_code == 200  # finished on the old instance, not cut
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_service_accepts_as_many_requests_cold_as_warm(tmp_path: Path, warm: bool) -> None:
+    """max_concurrency 1, queue.max 2: six at once give 3 x 200 and 3 x 429."""
+    spec = service(
+        "20MiB",
+        models=["m"],
+        command=demo_command("20MiB", "--latency-ms", "400", load_seconds=1.0),
+        max_concurrency=1,
+        queue={"max": 2, "timeout": "60s"},
+    )
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+        if warm:
+            assert ask(daemon, "m").status_code == 200
+        with ThreadPoolExecutor(6) as pool:
+            codes = sorted(r.status_code for r in pool.map(lambda _: ask(daemon, "m"), range(6)))
+        assert codes == [200, 200, 200, 429, 429, 429]
+
+
+def test_queue_max_zero_still_loads_a_cold_service(tmp_path: Path) -> None:
+    spec = service("20MiB", models=["m"], max_concurrency=2, queue={"max": 0, "timeout": "30s"})
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+        with ThreadPoolExecutor(2) as pool:
+            codes = [r.status_code for r in pool.map(lambda _: ask(daemon, "m"), range(2))]
+        assert codes == [200, 200]
+        assert daemon.service("svc")["loads"] == 1
