@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-real lint typecheck pytest bench bench-traces clean db-upgrade
+.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -61,6 +61,14 @@ bench: $(VENV)/.installed-dev
 	    --policies vramd,static \
 	    --json bench/out/$$t-tiered.json --markdown bench/out/$$t-tiered.md || exit 1; \
 	done
+
+# Generated traces over four policies, each held to the targets (docs/benchmarks.md).
+bench-sweep: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.sweep --json bench/out/sweep.json --markdown bench/out/sweep.md
+
+# How the protect defaults were chosen (docs/benchmarks.md#protect); about 15 minutes.
+bench-tune: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.tune --json bench/out/tune.json
 
 # Regenerates the committed traces (deterministic: the same files every time).
 bench-traces: $(VENV)/.installed-dev

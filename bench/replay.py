@@ -17,14 +17,13 @@ show the main ones. ``--live`` drives a running daemon instead (``bench.live``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import targets
-from bench.report import markdown, print_report
+from bench.report import markdown, print_report, write_outputs
 from bench.sim.benchdata import parse_bench_data
 from bench.sim.harness import RunResult, run_system
 from bench.sim.setup import Setup, build_setup
@@ -139,12 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_name=Path(args.bench_data).name if args.bench_data else None,
     )
     print_report(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(markdown(report), encoding="utf-8")
+    write_outputs(report, markdown(report), json_path=args.json, markdown_path=args.markdown)
     return 0
 
 

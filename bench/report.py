@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -165,3 +167,16 @@ def markdown(report: Mapping[str, Any], *, per_class: bool = True) -> str:
         out += table(TARGET_COLUMNS, target_rows(report))
         out += [""] + [f"- where vramd loses: {reason}" for reason in report.get("why_lost", [])]
     return "\n".join(out) + "\n"
+
+
+def write_outputs(
+    data: Any, markdown_text: str, *, json_path: str | None, markdown_path: str | None
+) -> None:
+    """Write ``--json`` and ``--markdown`` where asked, creating their folders."""
+    for path, text in (
+        (json_path, json.dumps(data, indent=2) + "\n"),
+        (markdown_path, markdown_text),
+    ):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")

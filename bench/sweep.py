@@ -18,7 +18,6 @@ set it themselves: how the defaults were tuned (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import yaml
 
 from bench import targets
 from bench.replay import build_report, replay
+from bench.report import write_outputs
 from bench.sim.benchdata import parse_bench_data
 from bench.sim.setup import Setup, build_setup
 from bench.sim.trace import TraceRequest
@@ -179,12 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"- {r['policy']} {r['trace']}:")
         for reason in r["why_lost"]:
             print(f"    {reason}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(markdown(reports), encoding="utf-8")
+    write_outputs(reports, markdown(reports), json_path=args.json, markdown_path=args.markdown)
     return 0
 
 

@@ -53,7 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     points: Sequence[Point] = QUICK if args.quick else GRID
     policies = [name.strip() for name in args.policies.split(",") if name.strip()]
     totals: dict[tuple[Any, Any], dict[str, Any]] = {
-        pair: {"met": 0, "targets": 0, "served": 0, "slo": [], "cold": 0, "misses": {}}
+        pair: {
+            "met": 0,
+            "targets": 0,
+            "served": 0,
+            "slo": [],
+            "cold": 0,
+            "misses": {},
+            "traces": [],
+        }
         for pair in pairs
     }
     for name in policies:
@@ -85,6 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for t in checked:
                     if not t.met:
                         total["misses"][t.name] = total["misses"].get(t.name, 0) + 1
+                total["traces"].append(
+                    {
+                        "policy": name,
+                        "trace": point.name,
+                        "targets": {t.name: [t.met, t.text] for t in checked},
+                    }
+                )
             print(f"{name} {point.name} done", file=sys.stderr, flush=True)
     print(
         f"{'warm':>6} {'on-demand':>9} {'targets met':>12} {'served':>8} {'SLO':>7} "
@@ -109,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "mean_slo": slo,
                 "cold_starts": total["cold"],
                 "misses": total["misses"],
+                "traces": total["traces"],
             }
         )
     if args.json:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from service.errors import PolicyError, StoreError
-from service.policy import Policy, load_policy, policy_json_schema
+from service.policy import Policy, Service, load_policy, policy_json_schema
 from service.settings import ClientSettings, Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
@@ -73,10 +73,11 @@ def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]
     for name, service in policy.services.items():
         cap = format_size(service.memory.cap) if service.memory.cap else "none"
         ttl = format_duration(service.idle_ttl) if service.idle_ttl else "never"
+        protect = "" if service.residency.value == "pinned" else f", protect {_protect(service)}"
         out.print(
             f"  {name}: {service.kind} {service.residency} priority {service.priority}, "
-            f"estimate {format_size(service.memory.estimate)} cap {cap}, idle unload {ttl}, "
-            f"models {', '.join(service.models)}",
+            f"estimate {format_size(service.memory.estimate)} cap {cap}, idle unload {ttl}"
+            f"{protect}, models {', '.join(service.models)}",
             markup=False,
         )
     for window in policy.maintenance.windows:
@@ -177,6 +178,12 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+def _protect(service: Service) -> str:
+    if service.protect == "never":
+        return "never"
+    return format_duration(service.protect) if service.protect else "0s"
 
 
 def _settings(**overrides: Any) -> Settings:

@@ -76,7 +76,10 @@ def parse_protect(value: object) -> ProtectValue:
     """``never`` or a duration (DESIGN section 4's ``protect``)."""
     if isinstance(value, str) and value.strip().lower() == "never":
         return NEVER
-    return parse_duration(value)
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or never") from None
 
 
 # How long an idle instance keeps its memory against lower priorities, by residency,

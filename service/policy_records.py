@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.errors import PolicyError, PolicyIssue
-from service.policy import Policy, Service, Window
+from service.policy import NEVER, Policy, Service, Window
 from service.store import queries
 
 
@@ -82,6 +82,7 @@ def service_row(name: str, service: Service) -> dict[str, Any]:
         "cap_bytes": service.memory.cap,
         "on_cap": service.memory.on_cap.value,
         "idle_ttl_s": service.idle_ttl or 0.0,
+        "protect_s": None if service.protect in (None, NEVER) else float(service.protect),
         "max_concurrency": service.max_concurrency,
         "queue_max": service.queue.max,
         "queue_timeout_s": service.queue.timeout,

@@ -8,6 +8,7 @@ arguments with their placeholders filled in (``launch_args``).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -83,7 +84,10 @@ def launch_args(
         values["CAP_BYTES"] = str(cap)
         values["CAP_MIB"] = str(cap // (1024 * 1024))
         if device_total:
-            values["CAP_FRACTION"] = f"{min(1.0, cap / device_total):.3f}"
+            # Rounded down, never up: a fraction above cap / total would let the runtime's
+            # own allocator plan past the cap (DESIGN section 4).
+            fraction = math.floor(min(1.0, cap / device_total) * 1000) / 1000
+            values["CAP_FRACTION"] = f"{fraction:.3f}"
     extra = {key: expand_placeholders(value, values) for key, value in service.env.items()}
     if set_cuda_device:
         extra.setdefault("CUDA_VISIBLE_DEVICES", str(device))

@@ -145,8 +145,8 @@ BROKEN_REVISION = """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_broken"
-down_revision = "0001"
+revision = "9999_broken"
+down_revision = HEAD
 branch_labels = None
 depends_on = None
 
@@ -179,10 +179,11 @@ def test_failed_migration_leaves_the_database_untouched(
 ) -> None:
     path = tmp_path / "vramd.db"
     open_store(path).close()
+    head = head_revision()
     broken = tmp_path / "migrations"
     shutil.copytree(migrations_dir(), broken, ignore=shutil.ignore_patterns("__pycache__"))
-    (broken / "versions" / "0002_broken.py").write_text(
-        f"STATEMENT = {statement!r}\n{BROKEN_REVISION}"
+    (broken / "versions" / "9999_broken.py").write_text(
+        f"STATEMENT = {statement!r}\nHEAD = {head!r}\n{BROKEN_REVISION}"
     )
     monkeypatch.setenv("VRAMD_MIGRATIONS", str(broken))
 
@@ -190,7 +191,7 @@ def test_failed_migration_leaves_the_database_untouched(
         open_store(path)
 
     assert str(path) in str(info.value)
-    assert sqlite_scalar(path, "SELECT version_num FROM alembic_version") == "0001"
+    assert sqlite_scalar(path, "SELECT version_num FROM alembic_version") == head
     assert "half_done" not in tables(path)
 
 
@@ -198,3 +199,41 @@ def test_missing_migrations_directory(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("VRAMD_MIGRATIONS", str(tmp_path / "nowhere"))
     with pytest.raises(StoreError, match="VRAMD_MIGRATIONS"):
         open_store(tmp_path / "vramd.db")
+
+
+def test_a_version_1_database_keeps_its_rules_and_reads_protect_as_never(tmp_path: Path) -> None:
+    """0002 adds services.protect_s to a database written before it: rows stay, and the
+    missing figure reads as version 1's rule (a lower priority never evicted)."""
+    path = tmp_path / "old.db"
+    env = {k: v for k, v in os.environ.items() if k != "VRAMD_MIGRATIONS"}
+    result = subprocess.run(
+        [str(ALEMBIC), "-c", "alembic.ini", "-x", f"db={path}", "upgrade", "0001"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(
+            "INSERT INTO policy_versions (version, text, sha256, source, applied_at, active)"
+            " VALUES (1, 'version: 1', 'x', 'test', 0, 1)"
+        )
+        conn.execute(
+            "INSERT INTO services (name, kind, models, command, env, health, residency,"
+            " priority, preload, estimate_bytes, on_cap, idle_ttl_s, max_concurrency,"
+            " queue_max, queue_timeout_s, startup_timeout_s, stop_timeout_s, restart, spec,"
+            " policy_version) VALUES ('chat', 'chat', '[\"m\"]', '[\"x\"]', '{}', '/health',"
+            " 'warm', 300, 0, 1, 'restart', 0, 4, 64, 120, 120, 15, '{}', '{}', 1)"
+        )
+    conn.close()
+    store = open_store(path)
+    try:
+        assert schema_differences(store) == []
+        with store.engine.connect() as c:
+            row = c.execute(text("SELECT name, priority, protect_s FROM services")).one()
+        assert tuple(row) == ("chat", 300, None)
+    finally:
+        store.close()

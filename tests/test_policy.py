@@ -665,3 +665,75 @@ def test_policy_error_lists_every_issue() -> None:
         load_policy(text)
     assert str(excinfo.value).splitlines() == [str(i) for i in excinfo.value.issues]
     assert len(excinfo.value.issues) == len(expectations(text))
+
+
+# --- protect (DESIGN section 4) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("residency", "own", "expected"),
+    [
+        ("warm", None, 600.0),
+        ("on-demand", None, 120.0),
+        ("window-only", None, 0.0),
+        ("pinned", None, "never"),  # never evicted: nothing to protect
+        ("warm", "30s", 30.0),
+        ("on-demand", "1h", 3600.0),
+        ("on-demand", "0", 0.0),
+        ("warm", "never", "never"),
+        ("on-demand", "NEVER", "never"),
+    ],
+)
+def test_protect_per_residency_with_builtin_default(
+    residency: str, own: str | None, expected: float | str
+) -> None:
+    keys = {"residency": residency} | ({"protect": own} if own else {})
+    assert load_policy(one_service(**keys)).services["chat"].protect == expected
+
+
+def test_defaults_protect_applies_to_every_service_but_pinned_ones() -> None:
+    policy = load_policy(
+        policy_text(
+            """\
+            defaults:
+              protect: 45s
+            services:
+              a: {kind: chat, models: [a], command: [x], memory: {estimate: 1GiB}}
+              w: {kind: chat, models: [w], command: [x], memory: {estimate: 1GiB},
+                  residency: warm}
+              own: {kind: chat, models: [o], command: [x], memory: {estimate: 1GiB},
+                    protect: never}
+              pin: {kind: chat, models: [p], command: [x], memory: {estimate: 1GiB},
+                    residency: pinned}
+            """
+        )
+    )
+    protect = {name: svc.protect for name, svc in policy.services.items()}
+    assert protect == {"a": 45.0, "w": 45.0, "own": "never", "pin": "never"}
+
+
+def test_protect_reaches_the_scheduler_rules_in_seconds() -> None:
+    import math
+
+    from service.scheduler import rules_from_policy
+
+    policy = load_policy(
+        policy_text(
+            """\
+            services:
+              a: {kind: chat, models: [a], command: [x], memory: {estimate: 1GiB}}
+              n: {kind: chat, models: [n], command: [x], memory: {estimate: 1GiB},
+                  residency: warm, protect: never}
+            """
+        )
+    )
+    rules, _ = rules_from_policy(policy)
+    assert rules["a"].protection_s == 120.0
+    assert math.isinf(rules["n"].protection_s)
+
+
+def test_a_protect_change_applies_in_place() -> None:
+    old = load_policy(one_service(residency="warm"))
+    new = load_policy(one_service(residency="warm", protect="1m"))
+    (change,) = diff_policies(old, new).changed
+    assert change.fields == {"protect": (600.0, 60.0)} and change.restart is False

@@ -11,6 +11,7 @@ a fresh ``out`` for each event; the event handlers (``core``) and the scheduling
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
@@ -42,6 +43,8 @@ class Book:
         self.next_open: dict[str, float] = {}
         self.now = 0.0
         self.out: list[Action] = []
+        # When the first protection a waiting load waits for lapses (see ``run_pass``).
+        self.next_wake = math.inf
         self._seq = itertools.count()
         for name in sorted(rules):
             self.add(rules[name], learned.get(name))
@@ -193,20 +196,10 @@ class Book:
         self.out.append(Note(svc, kind, message, dict(data)))
 
     def note_once(
-        self,
-        svc: ServiceState,
-        kind: str,
-        message: str,
-        data: Mapping[str, object],
-        *,
-        key: str | None = None,
+        self, svc: ServiceState, kind: str, message: str, data: Mapping[str, object]
     ) -> None:
-        """A note for a decision that may be re-taken on every event: said once.
-
-        ``key`` identifies the decision when its message carries figures that move on
-        (a protection's time left): the note is said again only when the key changes.
-        """
-        key = f"{kind}:{message if key is None else key}"
+        """A note for a decision that may be re-taken on every event: said once."""
+        key = f"{kind}:{message}"
         if svc.last_note != key:
             svc.last_note = key
             self.out.append(Note(svc.name, kind, message, dict(data)))

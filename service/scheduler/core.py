@@ -151,7 +151,7 @@ class Scheduler:
                 self._on_restart(event)
             case MakeRoom():
                 self._on_make_room(event)
-        run_pass(book)
+        run_pass(book, quiet=isinstance(event, Tick) and not book.out)
         return book.out
 
     def _on_arrived(self, event: RequestArrived) -> None:

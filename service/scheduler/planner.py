@@ -8,6 +8,8 @@ and a newly sampled device all lead to the same grants and loads.
 
 from __future__ import annotations
 
+import math
+
 from service.domain import InstanceState, Residency
 from service.scheduler import actions as act
 from service.scheduler.actions import Start
@@ -20,8 +22,14 @@ from service.units import format_size
 S = InstanceState
 
 
-def run_pass(book: Book) -> None:
-    """Drains, dropped loads, restarts, grants, then loads by priority (see ``core``)."""
+def run_pass(book: Book, *, quiet: bool = False) -> None:
+    """Drains, dropped loads, restarts, grants, then loads by priority (see ``core``).
+
+    ``quiet``: the event changed nothing but the time (a tick that timed nothing out).
+    Then a load that waits keeps its decision until the first protection it waits for
+    lapses (``Book.next_wake``): nothing else that admission reads can have moved, and
+    admission is the costly part of a pass, run ten times a second on every waiting load.
+    """
     for svc in book.ordered():
         if svc.state is S.DRAINING and not svc.in_flight:
             book.terminate(svc, f"{svc.stop_reason}; nothing in flight")
@@ -43,6 +51,10 @@ def run_pass(book: Book) -> None:
             if any(book.claimed(svc, victim) for victim in svc.plan.victims):
                 continue  # victims still stopping: the plan stands, no second victim set
             book.drop_plan(svc)
+        waited = svc.wait is not None or svc.behind is not None
+        if quiet and waited and book.now < book.next_wake:
+            heads.append(svc)
+            continue
         head = first_in_line(book, svc, heads)
         if head is not None:
             _wait_behind(book, svc, head)
@@ -52,6 +64,8 @@ def run_pass(book: Book) -> None:
         waiting = svc.wait is not None or svc.behind is not None
         if svc.state is S.STOPPED and svc.plan is None and waiting:
             heads.append(svc)
+    wakes = [at for w in heads if w.wait is not None and (at := w.wait.yields_at()) is not None]
+    book.next_wake = min(wakes, default=math.inf)
 
 
 def candidates(book: Book, rule: ServiceRule) -> list[int]:
@@ -118,12 +132,16 @@ def _wait_behind(book: Book, svc: ServiceState, head: str) -> None:
 
 def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
     svc.wait = wait
+    key = f"wait:{wait.key}"
+    if svc.last_note == key:
+        return  # said already: spare the words, a waiting load is re-admitted often
+    svc.last_note = key
     data = {
         "need": wait.need,
         "available": wait.available,
         "holders": [h.as_dict(book.now) for h in wait.holders],
     }
-    book.note_once(svc, "wait", wait.message(svc.name, book.now), data, key=wait.key)
+    book.note(svc.name, "wait", wait.message(svc.name, book.now), **data)
 
 
 def _start(book: Book, svc: ServiceState, device: int, need: int, available: int) -> None:

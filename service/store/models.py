@@ -105,6 +105,8 @@ class ServiceRule(Base):
     cap_bytes: Mapped[int | None] = mapped_column(BigInteger)
     on_cap: Mapped[str] = mapped_column(String(16))
     idle_ttl_s: Mapped[float] = mapped_column(Float)
+    # ``protect`` in seconds; NULL is ``never`` (and pinned, which is never evicted).
+    protect_s: Mapped[float | None] = mapped_column(Float)
     max_concurrency: Mapped[int] = mapped_column(Integer)
     queue_max: Mapped[int] = mapped_column(Integer)
     queue_timeout_s: Mapped[float] = mapped_column(Float)

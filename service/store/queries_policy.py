@@ -86,7 +86,9 @@ def _deactivate_all(session: Session) -> None:
 # --------------------------------------------------------------------------- rules
 
 SERVICE_COLUMNS = frozenset(ServiceRule.__table__.columns.keys())
-_SERVICE_OPTIONAL = frozenset({"cwd", "metrics", "upstream_model", "cap_bytes", "gpus", "spec"})
+_SERVICE_OPTIONAL = frozenset(
+    {"cwd", "metrics", "upstream_model", "cap_bytes", "gpus", "spec", "protect_s"}
+)
 WINDOW_POLICY_KEYS = frozenset(
     {"name", "cron", "start_at", "duration_s", "timezone", "restart", "allow"}
 )
@@ -107,8 +109,8 @@ def replace_active_rules(
     ``preload``, ``estimate_bytes``, ``on_cap``, ``idle_ttl_s``, ``max_concurrency``,
     ``queue_max``, ``queue_timeout_s``, ``startup_timeout_s``, ``stop_timeout_s``,
     ``restart`` (required) and ``cwd``, ``metrics``, ``upstream_model``, ``cap_bytes``,
-    ``gpus`` (default None), ``spec`` (default: the dict itself). Sizes are bytes,
-    durations seconds.
+    ``gpus``, ``protect_s`` (default None; ``protect_s`` None is ``never``), ``spec``
+    (default: the dict itself). Sizes are bytes, durations seconds.
 
     ``windows``: one dict per policy window with ``name``, ``duration_s``, ``timezone``,
     ``restart`` (``"flagged"``/``"all"``/``"none"`` or a list of services), ``allow``
