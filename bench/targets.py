@@ -91,16 +91,16 @@ def why_lost(report: Mapping[str, Any], targets: list[Target]) -> list[str]:
     lost = {t.name for t in targets if not t.met}
     out = []
     if "served" in lost:
+        refusals = ", ".join(f"{n} {code}" for code, n in sorted(v["refused"].items())) or "none"
         late = lru.get("served_past_timeout", 0)
-        timed_out = v["refused"].get("queue_timeout", 0)
-        full = v["refused"].get("queue_full", 0)
-        parts = [f"vramd timed out {timed_out} and turned away {full} (queue full)"]
+        text = f"served: vramd's refusals: {refusals}"
         if late:
-            parts.append(
-                f"lru-count served {late} requests only after they had waited past their "
-                "queue.timeout, where vramd answers 503 queue_timeout"
+            text += (
+                f"; lru-count served {late} of its {lru['served']} only after they had "
+                f"waited past their queue.timeout (vramd answers those 503): within the "
+                f"timeouts it served {lru['served'] - late}, vramd {v['served']}"
             )
-        out.append("served: " + "; ".join(parts))
+        out.append(text)
     if "top-p99" in lost:
         top = top_priority(runs["unbounded"])
         svc_cold = {

@@ -614,7 +614,7 @@ class Orchestrator:
 
         Raises ``PolicyError`` (nothing changes) for an invalid text. New services are
         registered (pinned ones start), removed ones drain and stop, services whose
-        process would differ restart at their next idle moment, and everything else
+        process would differ restart at once (drained), and everything else
         (priorities, caps, queues, TTLs, windows) takes effect in place.
         """
         policy = load_policy(text)

@@ -87,7 +87,7 @@ def parse_protect(value: object) -> ProtectValue:
 # docs/benchmarks.md). Pinned services are never evicted, so they have no entry.
 DEFAULT_PROTECT_S: dict[Residency, float] = {
     Residency.WARM: 600.0,
-    Residency.ON_DEMAND: 120.0,
+    Residency.ON_DEMAND: 60.0,
     Residency.WINDOW_ONLY: 0.0,
 }
 Protect = Annotated[
@@ -641,7 +641,7 @@ def policy_json_schema() -> dict[str, Any]:
 
 
 # Fields whose change alters the process a service runs: applying such a change restarts
-# the service at its next idle moment. Everything else takes effect in place.
+# the service at once, drained (DESIGN section 4). Everything else takes effect in place.
 RESTART_FIELDS = frozenset({"kind", "command", "env", "cwd", "health", "gpus"})
 
 
@@ -681,7 +681,7 @@ class PolicyDiff(BaseModel):
         out = [f"+ service {name}" for name in self.added]
         out += [f"- service {name}" for name in self.removed]
         for change in self.changed:
-            note = " (restarts when idle)" if change.restart else ""
+            note = " (restarts, drained)" if change.restart else ""
             out.append(f"~ service {change.name}{note}")
             out += [f"    {key}: {old!r} -> {new!r}" for key, (old, new) in change.fields.items()]
         out += [f"+ window {name}" for name in self.windows_added]

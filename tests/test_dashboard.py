@@ -10,14 +10,16 @@ and no script error or CSP violation. A screenshot lands in ``artifacts/dashboar
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from support.browser import Page, chromium, find_or_install_chromium
-from support.daemon import REPO_ROOT, Daemon, running_daemon
+from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -131,6 +133,49 @@ def test_dashboard_shows_services_and_unloads_one(
             is False
         )
         assert page.problems() == []
+
+
+def test_dashboard_shows_what_a_waiting_service_waits_for(
+    chromium_path: str, tmp_path: Path
+) -> None:
+    hi = {
+        "kind": "chat",
+        "models": ["hi"],
+        "command": demo_command("200MiB"),
+        "memory": {"estimate": "260MiB"},
+        "residency": "warm",
+        "preload": True,
+        "priority": 300,
+        "protect": "10m",
+    }
+    lo = {**hi, "models": ["lo"], "residency": "on-demand", "priority": 100}
+    lo.pop("preload")
+    lo["queue"] = {"max": 4, "timeout": "20s"}
+    policy = policy_yaml({"hi": hi, "lo": lo}, budget="450MiB")
+    with running_daemon(policy, tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
+        request = threading.Thread(
+            target=lambda: httpx.post(
+                f"{daemon.url}/v1/chat/completions",
+                json={"model": "lo", "messages": [{"role": "user", "content": "x"}]},
+                timeout=30,
+            ),
+            daemon=True,
+        )
+        request.start()
+        daemon.wait_for(lambda: daemon.service("lo")["waiting_for"] is not None)
+        with chromium(chromium_path, tmp_path) as page:
+            page.navigate(daemon.url + "/")
+            page.wait_for(
+                "document.querySelector('tr[data-service=lo] .waiting')?.textContent"
+                ".includes('hi (warm, priority 300)')"
+            )
+            text = page.evaluate(
+                "document.querySelector('tr[data-service=lo] .waiting').textContent"
+            )
+            assert "protected for another" in text
+            assert page.problems() == []
+        request.join(30)
 
 
 def test_dashboard_asks_for_the_admin_key(chromium_path: str, tmp_path: Path) -> None:

@@ -481,7 +481,7 @@ def test_a_command_change_restarts() -> None:
     [change] = diff.changed
     assert list(change.fields) == ["command"]
     assert change.restart is True
-    assert diff.lines()[0] == "~ service chat (restarts when idle)"
+    assert diff.lines()[0] == "~ service chat (restarts, drained)"
 
 
 def test_an_env_change_restarts() -> None:
@@ -674,7 +674,7 @@ def test_policy_error_lists_every_issue() -> None:
     ("residency", "own", "expected"),
     [
         ("warm", None, 600.0),
-        ("on-demand", None, 120.0),
+        ("on-demand", None, 60.0),
         ("window-only", None, 0.0),
         ("pinned", None, "never"),  # never evicted: nothing to protect
         ("warm", "30s", 30.0),
@@ -728,7 +728,7 @@ def test_protect_reaches_the_scheduler_rules_in_seconds() -> None:
         )
     )
     rules, _ = rules_from_policy(policy)
-    assert rules["a"].protection_s == 120.0
+    assert rules["a"].protection_s == 60.0
     assert math.isinf(rules["n"].protection_s)
 
 

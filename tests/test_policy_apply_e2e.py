@@ -106,7 +106,7 @@ def test_added_removed_and_changed_services(tmp_path: Path) -> None:
         new_chat = dict(CHAT, command=demo_command("41MiB"))
         result = apply(daemon, policy_yaml({"chat": new_chat, "embed": EMBED}))
         assert "+ service embed" in result["lines"]  # type: ignore[operator]
-        assert "~ service chat (restarts when idle)" in result["lines"]  # type: ignore[operator]
+        assert "~ service chat (restarts, drained)" in result["lines"]  # type: ignore[operator]
         daemon.wait_for(lambda: ready(daemon, "embed"))
         daemon.wait_for(lambda: ready(daemon, "chat") and daemon.service("chat")["pid"] != old_pid)
         # Remove chat: it drains, stops and leaves the list.

@@ -227,7 +227,7 @@ def test_warm_loads_on_first_request_unless_preloaded() -> None:
         (WARM, 100, 100, 600.0),  # an equal one once it has been idle for protect (10m)
         (WARM, 100, 99, 600.0),  # ... and so does a lower one
         (ON_DEMAND, 100, 100, 0.0),
-        (ON_DEMAND, 100, 99, 120.0),  # a lower priority after protect (2m)
+        (ON_DEMAND, 100, 99, 60.0),  # a lower priority after protect (1m)
         (WINDOW, 500, 1, 0.0),  # window-only: batch work, evictable by anything
     ],
 )
