@@ -95,9 +95,11 @@ class Holder:
     yields_at: float | None = None
     by: str | None = None
 
-    @property
-    def busy_now(self) -> bool:
-        return self.why == "held" or self.in_flight > 0 or self.queued > 0 or self.last_used is None
+    def idle_for(self, now: float) -> float | None:
+        """How long the holder has been idle (None: busy, or a reservation)."""
+        if self.why == "held" or self.in_flight or self.queued or self.last_used is None:
+            return None
+        return max(0.0, now - self.last_used)
 
     def describe(self, now: float) -> str:
         if self.why == "held":
@@ -134,7 +136,7 @@ class Holder:
             "priority": self.priority,
             "in_flight": self.in_flight,
             "queued": self.queued,
-            "idle_for_s": None if self.busy_now else max(0.0, now - (self.last_used or now)),
+            "idle_for_s": self.idle_for(now),
             "yields_in_s": None if self.yields_at is None else max(0.0, self.yields_at - now),
             "by": self.by,
             "text": self.describe(now),

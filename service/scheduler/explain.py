@@ -15,7 +15,7 @@ from typing import Any
 from service.domain import InstanceState
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
-from service.scheduler.planner import candidates, first_in_line
+from service.scheduler.planner import candidates, first_in_line, line_order
 from service.scheduler.state import ServiceState
 from service.units import format_duration, format_size
 
@@ -144,8 +144,11 @@ def _evict(name: str, need: int, decision: Evict, available: dict[int, int]) -> 
 
 
 def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:
-    """Loads in line before ``svc`` that wait for memory, as the pass would meet them."""
-    mine = (-svc.rule.priority, svc.first_seq() if svc.queue else math.inf, svc.name)
+    """Loads in line before ``svc`` that wait for memory, as the pass would meet them.
+
+    A service nothing has asked for yet would join the line now: behind every request.
+    """
+    mine = line_order(svc) if svc.queue else (-svc.rule.priority, math.inf, svc.name)
     return sorted(
         (
             other
@@ -155,9 +158,9 @@ def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:
             and other.plan is None
             and book.wants(other)
             and (other.wait is not None or other.behind is not None)
-            and (-other.rule.priority, other.first_seq(), other.name) < mine
+            and line_order(other) < mine
         ),
-        key=lambda o: (-o.rule.priority, o.first_seq(), o.name),
+        key=line_order,
     )
 
 

@@ -46,7 +46,7 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
             book.grant(svc, svc.queue.popleft().request_id)
     loads = [s for s in book.services.values() if s.state is S.STOPPED and book.wants(s)]
     heads: list[ServiceState] = []  # loads earlier in line that wait for memory
-    for svc in sorted(loads, key=lambda s: (-s.rule.priority, s.first_seq(), s.name)):
+    for svc in sorted(loads, key=line_order):
         if svc.plan is not None:
             if any(book.claimed(svc, victim) for victim in svc.plan.victims):
                 continue  # victims still stopping: the plan stands, no second victim set
@@ -66,6 +66,11 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
             heads.append(svc)
     wakes = [at for w in heads if w.wait is not None and (at := w.wait.yields_at()) is not None]
     book.next_wake = min(wakes, default=math.inf)
+
+
+def line_order(svc: ServiceState) -> tuple[int, float, str]:
+    """Where a load stands in line: higher priority first, then its oldest request."""
+    return (-svc.rule.priority, svc.first_seq(), svc.name)
 
 
 def candidates(book: Book, rule: ServiceRule) -> list[int]:
