@@ -1074,6 +1074,8 @@ def test_restart_drains_at_once_under_steady_traffic_and_starts_again() -> None:
     actions = world.send(RestartRequested("a", "over its cap 200MiB"), at=11)
     assert stops(actions) == [("a", True)]
     assert world.state("a") == "draining"
+    view = world.sched.service_view("a")
+    assert (view.waiting_for_memory, view.waiting_for) == (False, None)  # restarting
     for i in range(3, 7):  # steady traffic goes on: queued, never granted to the old one
         assert grants(world.request(f"r{i}", "a", at=11 + i)) == []
     assert starts(world.request("b1", "b", at=18)) == []  # a's memory is kept for it
@@ -1084,6 +1086,17 @@ def test_restart_drains_at_once_under_steady_traffic_and_starts_again() -> None:
     [start] = [x for x in actions if isinstance(x, Start)]
     assert start.reason == "restart: over its cap 200MiB"
     assert grants(world.ready("a", at=22)) == ["r3", "r4"]
+
+
+def test_a_request_that_times_out_during_a_restart_says_so() -> None:
+    world = World(rule("a", stop_timeout_s=60, queue_timeout_s=5))
+    world.serve("a")
+    world.request("r1", "a", at=10)
+    world.send(RestartRequested("a", "over its cap 200MiB"), at=10)
+    world.request("r2", "a", at=11)
+    rejected = reject_of(world.tick(16), "r2")
+    assert rejected.code == "queue_timeout"
+    assert rejected.message.endswith("a was stopping (restart: over its cap 200MiB)")
 
 
 def test_a_restart_cuts_what_is_still_in_flight_at_its_stop_timeout() -> None:

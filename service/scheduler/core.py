@@ -94,7 +94,8 @@ class Scheduler:
         """The service's decision state; ``idle_for`` is measured at ``now`` (default:
         the time of the last event). Raises ``KeyError`` for an unknown service."""
         svc = self._book.services[name]
-        waiting = svc.plan is not None or (svc.state is S.STOPPED and self._book.wants(svc))
+        # A restarting instance (draining, its own memory claimed) is not waiting.
+        waiting = svc.state is S.STOPPED and (svc.plan is not None or self._book.wants(svc))
         return svc.view(self._book.now if now is None else now, waiting_for_memory=waiting)
 
     def explain(self, name: str, now: float | None = None) -> Explanation:
@@ -402,6 +403,8 @@ def _expired_idle(svc: ServiceState, now: float) -> float | None:
 
 def _what_it_waited_for(svc: ServiceState, now: float) -> tuple[str | None, float | None]:
     """What a queued request of ``svc`` was waiting for, and when that may change."""
+    if svc.state in (S.DRAINING, S.STOPPING):
+        return f"{svc.name} was stopping ({svc.stop_reason})", None
     if svc.plan is not None:
         victims = ", ".join(sorted(svc.plan.victims))
         return f"{svc.name} was waiting for {victims} to stop", None
@@ -411,8 +414,6 @@ def _what_it_waited_for(svc: ServiceState, now: float) -> tuple[str | None, floa
         return text, None if yields is None else max(0.0, yields - now)
     if svc.state is S.STARTING:
         return f"{svc.name} was still loading", None
-    if svc.state in (S.DRAINING, S.STOPPING):
-        return f"{svc.name} was stopping ({svc.stop_reason})", None
     if svc.state is S.READY:
         slots = svc.rule.max_concurrency
         return f"all {slots} slot(s) of {svc.name} were busy", None
