@@ -2,8 +2,14 @@
 
 ``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
 lifespan loads the policy, opens (and migrates) the database, records the policy as a
-version, creates the device probe and the orchestrator, and on shutdown stops every
-runtime before closing the database. Tests pass fakes for the injectable parts.
+version, creates the device probe and the kernel, and on shutdown stops every runtime
+before closing the database. Tests pass fakes for the injectable parts.
+
+``build_orchestrator`` assembles the kernel (DESIGN section 2): the scheduler and its
+pump, the runtime table, and the helpers on their narrow ports -- the sampler, the
+doctor, the windows and sleep mode get ``feed``, a read-only scheduler view and the
+runtime table, never the orchestrator -- then the effects that carry actions out, and
+the orchestrator that owns them all.
 """
 
 from __future__ import annotations
@@ -13,27 +19,170 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
+import httpx
 from fastapi import FastAPI
 
 from service import __version__
 from service.api import admin, openai, ui
 from service.api.auth import AuthConfig, install_auth
-from service.api.deps import Daemon
 from service.api.errors import install_error_handlers
 from service.clock import Clock, SystemClock
 from service.devices import DeviceProbe, create_probe
+from service.doctor import Doctor
+from service.effects import KernelEffects
 from service.errors import VramdError
-from service.orchestrator import Orchestrator
+from service.eventlog import EventLog
+from service.health import Health
+from service.leases import Waiters
+from service.metrics import Metrics
+from service.orchestrator import TICK_S, Orchestrator
 from service.policy import Policy, load_policy
 from service.policy_records import persist_policy
 from service.proxy import ProxyConfig
+from service.runtimes import RuntimeTable
+from service.sampling import LastReading, Sampler
+from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
-from service.store import open_store
+from service.sleeping import SleepMode
+from service.store import Store, open_store, queries
 from service.store.lock import DatabaseLock
-from service.supervisor import ProcessLauncher
+from service.supervisor import ProcessLauncher, SubprocessLauncher
+from service.tickets import Tickets
+from service.windows import Windows
 
 log = logging.getLogger("vramd")
+
+
+@dataclass
+class Daemon:
+    """Everything the lifespan built, to be closed in reverse order."""
+
+    settings: Settings
+    store: Store
+    probe: DeviceProbe
+    clock: Clock
+    orchestrator: Orchestrator
+    lock: DatabaseLock
+
+
+def build_orchestrator(
+    *,
+    policy: Policy,
+    store: Store,
+    probe: DeviceProbe,
+    clock: Clock,
+    settings: Settings,
+    launcher: ProcessLauncher | None = None,
+) -> Orchestrator:
+    """The kernel, wired: every part gets only the ports it needs."""
+    events = EventLog(store, clock)
+    health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+    runtimes = RuntimeTable(
+        dict(policy.services),
+        launcher=launcher or SubprocessLauncher(clock),
+        clock=clock,
+        http=health_http,
+    )
+    rules, device_rule = rules_from_policy(policy)
+    scheduler = Scheduler(rules, device_rule, learned=restore_stats(store, runtimes))
+    pump = Pump(scheduler, clock.monotonic)
+    last = LastReading()
+    doctor = Doctor(
+        store=store,
+        events=events,
+        clock=clock,
+        settings=settings,
+        last=last,
+        runtimes=runtimes,
+        feed=pump.feed,
+        nvml=probe.backend == "nvml",
+    )
+    sampler = Sampler(
+        feed=pump.feed,
+        view=scheduler,
+        runtimes=runtimes,
+        on_finding=doctor.on_finding,
+        last=last,
+        probe=probe,
+        store=store,
+        clock=clock,
+        interval_s=policy.device.sample_interval,
+    )
+    windows = Windows(
+        policy=policy, feed=pump.feed, runtimes=runtimes, store=store, events=events, clock=clock
+    )
+    health = Health(
+        clock=clock,
+        last=last,
+        runtimes=runtimes,
+        backend=probe.backend,
+        tick_s=TICK_S,
+        sample_interval_s=policy.device.sample_interval,
+        grace_s=settings.liveness_grace_s,
+        stall_after_s=settings.watchdog_stall_s,
+        store=store,
+        events=events,
+    )
+    # The metrics read the status at each scrape, so the orchestrator may come after.
+    metrics = Metrics(lambda: orchestrator.status(), version=__version__, backend=probe.backend)
+    waiters, tickets = Waiters(), Tickets()
+    effects = KernelEffects(
+        feed=pump.feed,
+        ledgers=scheduler,
+        runtimes=runtimes,
+        waiters=waiters,
+        tickets=tickets,
+        sleep=SleepMode(
+            events=events, probe=probe, clock=clock, settle_timeout_s=settings.settle_timeout
+        ),
+        doctor=doctor,
+        sampler=sampler,
+        events=events,
+        metrics=metrics,
+        store=store,
+        probe=probe,
+        clock=clock,
+        settle_timeout_s=settings.settle_timeout,
+    )
+    pump.connect(effects)
+    orchestrator = Orchestrator(
+        policy=policy,
+        pump=pump,
+        effects=effects,
+        runtimes=runtimes,
+        waiters=waiters,
+        tickets=tickets,
+        sampler=sampler,
+        last=last,
+        doctor=doctor,
+        windows=windows,
+        health=health,
+        events=events,
+        metrics=metrics,
+        store=store,
+        clock=clock,
+        settings=settings,
+    )
+    return orchestrator
+
+
+def restore_stats(store: Store, runtimes: RuntimeTable) -> dict[str, Learned]:
+    """Counters and learned figures survive daemon restarts (SQLite); flags describe
+    an instance, and every instance of a new daemon is new, so they start clear."""
+    learned = {}
+    with store.session() as session:
+        for stats in queries.all_stats(session):
+            rt = runtimes.get(stats.service)
+            if rt is None:
+                continue
+            for key in rt.counters:
+                rt.counters[key] = int(getattr(stats, key) or 0)
+            rt.learned_peak = stats.learned_peak_bytes
+            rt.learned_load_s = stats.learned_load_s
+            learned[stats.service] = Learned(stats.learned_peak_bytes, stats.learned_load_s)
+    return learned
 
 
 def _use_server_settings(app: FastAPI, policy: Policy) -> None:
@@ -129,7 +278,7 @@ async def _start_daemon(
         )
         probe = probe or create_probe(policy.device.backend, policy.device.gpus)
         log.info("device backend: %s", probe.backend)
-        orchestrator = Orchestrator(
+        orchestrator = build_orchestrator(
             policy=policy,
             store=store,
             probe=probe,

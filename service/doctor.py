@@ -4,29 +4,28 @@ DESIGN section 5. The sampler and the proxy report what they saw (a cap streak, 
 creeping series, an out-of-memory line or response, a load that died of OOM); the
 doctor turns each into a flag and an event, carries out the service's ``on_cap``, and
 leaves an incident record with the figures an operator needs to tell fragmentation from
-a capacity shortage or a competing workload. It asks the orchestrator to act through
-scheduler events only (``feed``), so every stop and restart still goes through
-admission like any other.
+a capacity shortage or a competing workload. It acts through scheduler events only
+(``feed``), so every stop and restart still goes through admission like any other; it
+reads the runtime table and the last probe reading, never the orchestrator.
+(``diagnostics`` classifies; this module acts on what it says.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
 from service.diagnostics import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
 from service.eventlog import EventLog
+from service.runtimes import RuntimeTable, ServiceRuntime
+from service.sampling import LastReading
 from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
 from service.settings import Settings
 from service.store import Store, queries
 from service.units import format_size
 from service.watch import Finding, InstanceWatch
-
-if TYPE_CHECKING:
-    from service.runtimes import ServiceRuntime
-    from service.sampling import Sampler
 
 # The events an incident quotes: what happened in the minutes before it.
 INCIDENT_HISTORY_S = 300.0
@@ -41,8 +40,8 @@ class Doctor:
         events: EventLog,
         clock: Clock,
         settings: Settings,
-        sampler: Sampler,
-        runtimes: Callable[[], dict[str, ServiceRuntime]],
+        last: LastReading,
+        runtimes: RuntimeTable,
         feed: Callable[[Event], None],
         nvml: bool,
     ) -> None:
@@ -50,7 +49,7 @@ class Doctor:
         self._events = events
         self._clock = clock
         self._settings = settings
-        self._sampler = sampler
+        self._last = last
         self._runtimes = runtimes
         self._feed = feed
         self._nvml = nvml
@@ -181,7 +180,7 @@ class Doctor:
     ) -> int:
         """An incident with the figures of DESIGN section 5, taken now."""
         now = self._clock.now()
-        reading = self._sampler.last_reading
+        reading = self._last.reading
         devices = [
             {
                 "index": d.index,
@@ -201,7 +200,7 @@ class Doctor:
                 "host_bytes": other.host_bytes,
                 "peak_bytes": other.peak,
             }
-            for name, other in self._runtimes().items()
+            for name, other in self._runtimes.items()
             if other.instance.pid is not None
         }
         largest = max(rt.recent_requests, key=lambda r: r.get("body_bytes", 0), default=None)
@@ -230,7 +229,7 @@ class Doctor:
             )
 
     def _device_free(self, rt: ServiceRuntime) -> int:
-        reading = self._sampler.last_reading
+        reading = self._last.reading
         for device in reading.devices if reading else ():
             if device.index == (rt.device or 0):
                 return device.free

@@ -44,14 +44,13 @@ chunk: one ``setsockopt`` each, and answers arrive when the runtime sends them.
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 import logging
 import secrets
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from starlette.background import BackgroundTask
@@ -60,6 +59,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from service.api.errors import rejection_response
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
+from service.leases import Lease, LeaseProvider, Outcome
 from service.policy import ServerConfig
 
 log = logging.getLogger("vramd.proxy")
@@ -79,65 +79,6 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
     b"trailer trailers transfer-encoding upgrade content-length content-encoding date "
     b"server".split()
 )
-
-
-class Outcome(enum.StrEnum):
-    """How a leased request ended, as reported to ``LeaseProvider.release``."""
-
-    OK = "ok"
-    UPSTREAM_ERROR = "upstream_error"  # the runtime answered 4xx/5xx
-    CLIENT_GONE = "client_gone"
-    RUNTIME_FAILED = "runtime_failed"  # unreachable, or died before the answer was whole
-    RUNTIME_TIMEOUT = "runtime_timeout"
-    PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
-
-
-@dataclass(slots=True)
-class Lease:
-    """The right to send one request to one ready runtime instance, until released."""
-
-    request_id: str
-    service: str
-    base_url: str  # the instance, e.g. "http://127.0.0.1:41234"
-    client: httpx.AsyncClient  # the instance's pooled client; owned by the orchestrator
-    upstream_model: str | None = None  # rewrite "model" to this before forwarding
-    queue_ms: float = 0.0  # time spent waiting (queue + load)
-    cold_start: bool = False  # the request waited for a load
-
-
-class LeaseProvider(Protocol):
-    """What the proxy needs from the orchestrator (the single owner of live state)."""
-
-    def resolve(self, model: str, route: str) -> str:
-        """The service serving ``model`` on ``route``.
-
-        Raises ModelNotFound (404), or InvalidRequest (400) when the service's kind does
-        not serve the route.
-        """
-        ...
-
-    async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
-    ) -> Lease:
-        """Wait for a slot at a ready instance (queueing, loading as needed).
-
-        Raises ``RequestRejected`` subclasses (QueueFull, InsufficientCapacity, ...). If
-        the awaiting task is cancelled (the client went away) the provider withdraws the
-        request itself.
-        """
-        ...
-
-    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
-        """Called exactly once per acquired lease, however the request ended.
-
-        ``error`` carries the upstream error text (body or message), so the orchestrator
-        can spot out-of-memory reports.
-        """
-        ...
-
-    def models(self) -> list[dict[str, Any]]:
-        """Every model name: ``[{"id", "service", "kind", "state"}, ...]``."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

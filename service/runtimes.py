@@ -1,9 +1,13 @@
-"""One service's live runtime as the orchestrator holds it: instance, client, counters.
+"""Each service's live runtime: instance, client, counters; and the table of them all.
 
 ``ServiceRuntime`` pairs the supervisor's ``Instance`` (the process and its lifecycle)
 with what the daemon keeps beside it: the pooled HTTP client requests go through, the
 database id of the current process, the counters ``vramd ps`` shows, and the launch
 arguments with their placeholders filled in (``launch_args``).
+
+``RuntimeTable`` is the one place a service's live record is created, replaced or
+dropped. The kernel, the sampler, the doctor and the windows all read the same table;
+every instance transition goes to the one observer the kernel registers.
 """
 
 from __future__ import annotations
@@ -13,14 +17,23 @@ import os
 import socket
 import sys
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from service.adapters import Adapter, adapter_named, guess_adapter
+from service.clock import Clock
+from service.domain import InstanceState
 from service.policy import Service, expand_placeholders
-from service.supervisor import Instance, LogRing, runtime_environment
+from service.supervisor import (
+    Instance,
+    LogRing,
+    ProcessLauncher,
+    RestartPolicy,
+    runtime_environment,
+)
 from service.watch import InstanceWatch
 
 # One pool per instance: keep-alive connections to one loopback port. Generous limits:
@@ -117,7 +130,8 @@ class ServiceRuntime:
     footprint: int = 0
     host_bytes: int = 0
     peak: int = 0
-    stopping_by_request: bool = False
+    # Removed from the policy: dropped from the table once its process is gone.
+    retired: bool = False
     flags: set[str] = field(default_factory=set)
     counters: dict[str, int] = field(
         default_factory=lambda: {
@@ -156,3 +170,95 @@ class ServiceRuntime:
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.instance.state.value, "pid": self.instance.pid}
+
+
+# Told of every instance transition: (runtime, old state, new state, reason).
+StateObserver = Callable[[ServiceRuntime, InstanceState, InstanceState, str], None]
+
+
+class RuntimeTable:
+    """Every service's ``ServiceRuntime`` by name, and the only code that makes them.
+
+    Instances restart only when their owner says so (``restart_by_owner``): a retry
+    after backoff is the scheduler's decision.
+    """
+
+    def __init__(
+        self,
+        specs: dict[str, Service],
+        *,
+        launcher: ProcessLauncher,
+        clock: Clock,
+        http: httpx.AsyncClient,
+    ) -> None:
+        self._launcher = launcher
+        self._clock = clock
+        self._http = http  # health polls of every instance
+        self._observer: StateObserver | None = None
+        self._runtimes: dict[str, ServiceRuntime] = {}
+        for name, spec in specs.items():
+            self.add(name, spec)
+
+    def observe(self, observer: StateObserver) -> None:
+        self._observer = observer
+
+    def add(self, name: str, spec: Service) -> ServiceRuntime:
+        ring = LogRing()
+        restart = RestartPolicy(
+            max_retries=spec.restart.max_retries,
+            backoff_s=spec.restart.backoff,
+            max_backoff_s=max(spec.restart.max_backoff, spec.restart.backoff),
+        )
+        holder: list[ServiceRuntime] = []
+        instance = Instance(
+            name,
+            launcher=self._launcher,
+            clock=self._clock,
+            http=self._http,
+            log=ring,
+            on_state=lambda inst, old, new, why: self._changed(holder[0], old, new, why),
+            restart_policy=restart,
+            restart_by_owner=True,
+        )
+        rt = ServiceRuntime(name=name, spec=spec, instance=instance, log=ring)
+        holder.append(rt)
+        self._runtimes[name] = rt
+        return rt
+
+    async def aclose(self) -> None:
+        """Close every instance's pooled client and the health-poll client."""
+        for rt in self.values():
+            await rt.close_client()
+        await self._http.aclose()
+
+    def drop(self, rt: ServiceRuntime) -> None:
+        """Forget ``rt`` (a removed service whose process is gone)."""
+        if self._runtimes.get(rt.name) is rt:
+            del self._runtimes[rt.name]
+
+    def _changed(
+        self, rt: ServiceRuntime, old: InstanceState, new: InstanceState, why: str
+    ) -> None:
+        if self._observer is not None:
+            self._observer(rt, old, new, why)
+
+    def __getitem__(self, name: str) -> ServiceRuntime:
+        return self._runtimes[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._runtimes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._runtimes))
+
+    def __len__(self) -> int:
+        return len(self._runtimes)
+
+    def get(self, name: str) -> ServiceRuntime | None:
+        return self._runtimes.get(name)
+
+    def items(self) -> list[tuple[str, ServiceRuntime]]:
+        return list(self._runtimes.items())
+
+    def values(self) -> list[ServiceRuntime]:
+        return list(self._runtimes.values())

@@ -5,13 +5,21 @@ walks the process table and may call the driver, and must not stall requests), h
 the figures to the scheduler as a ``MemorySampled`` event, keeps each runtime's latest
 footprint and peak, raises a service's learned peak when an instance goes above it, and
 writes the samples to SQLite (downsampled there once a minute).
+
+Its ports are narrow (DESIGN section 2): ``feed`` for the events it raises, a read-only
+view of the scheduler (a service's expected peak and load, a device's budget), the
+runtime table, and ``on_finding`` for what a runtime's memory watch notices (the
+doctor acts on those). The latest reading goes to a ``LastReading`` that the doctor,
+the status view and the liveness check read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 from sqlalchemy.orm import Session
@@ -20,12 +28,10 @@ from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
-from service.scheduler import Learned, LearnedChanged, MemorySampled
+from service.runtimes import RuntimeTable, ServiceRuntime
+from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
 from service.store import Store, queries
-
-if TYPE_CHECKING:
-    from service.orchestrator import Orchestrator
-    from service.runtimes import ServiceRuntime
+from service.watch import Finding
 
 log = logging.getLogger("vramd.sampling")
 SLEEPING = InstanceState.SLEEPING
@@ -51,29 +57,61 @@ def recent_peak(session: Session, rt: ServiceRuntime) -> int | None:
     return min(max(peaks), cap) if cap is not None else max(peaks)
 
 
+class SchedulerView(Protocol):
+    """What the sampler reads from the scheduler (``Scheduler`` has both)."""
+
+    def service_view(self, name: str, now: float | None = None) -> ServiceView: ...
+
+    def ledger_view(self, device: int) -> LedgerView | None: ...
+
+
+@dataclass
+class LastReading:
+    """The latest probe reading, and when it was taken (monotonic)."""
+
+    reading: ProbeReading | None = None
+    at: float | None = None
+
+
 class Sampler:
     def __init__(
-        self, orchestrator: Orchestrator, *, probe: DeviceProbe, store: Store, clock: Clock
+        self,
+        *,
+        feed: Callable[[Event], None],
+        view: SchedulerView,
+        runtimes: RuntimeTable,
+        on_finding: Callable[[ServiceRuntime, Finding], None],
+        last: LastReading,
+        probe: DeviceProbe,
+        store: Store,
+        clock: Clock,
+        interval_s: float,
     ) -> None:
-        self._orc = orchestrator
+        self._feed = feed
+        self._view = view
+        self._runtimes = runtimes
+        self._on_finding = on_finding
+        self._last = last
         self._probe = probe
         self._store = store
         self._clock = clock
-        self.last_reading: ProbeReading | None = None
-        self.last_sample_at: float | None = None  # monotonic, for the liveness check
+        self.interval_s = interval_s
         self._last_downsample = clock.monotonic()
 
+    @property
+    def last_reading(self) -> ProbeReading | None:
+        return self._last.reading
+
     async def run(self) -> None:
-        interval = self._orc.policy.device.sample_interval
         while True:
-            await self._clock.sleep(interval)
+            await self._clock.sleep(self.interval_s)
             try:
                 await self.sample_once()
             except StoreError as exc:
                 log.error("samples not stored: %s", exc)
 
     async def sample_once(self) -> None:
-        runtimes = self._orc.runtimes
+        runtimes = self._runtimes
         roots = {
             name: rt.instance.pid
             for name, rt in runtimes.items()
@@ -84,8 +122,8 @@ class Sampler:
         reading, _ = await asyncio.gather(
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
-        self.last_reading = reading
-        self.last_sample_at = self._clock.monotonic()
+        self._last.reading = reading
+        self._last.at = self._clock.monotonic()
         footprints: dict[str, int] = {}
         for name, memory in reading.instances.items():
             rt = runtimes.get(name)
@@ -99,7 +137,7 @@ class Sampler:
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
             self._watch(rt, memory.device_bytes, memory.host_bytes)
-        self._orc.feed(MemorySampled(reading.devices, footprints))
+        self._feed(MemorySampled(reading.devices, footprints))
         self._store_samples(reading, footprints)
         if self._clock.monotonic() - self._last_downsample >= DOWNSAMPLE_EVERY_S:
             self._last_downsample = self._clock.monotonic()
@@ -120,13 +158,13 @@ class Sampler:
         watch.log_mark = rt.log.mark()
         findings += watch.scan_log([line.text for line in lines])
         for finding in findings:
-            self._orc.doctor.on_finding(rt, finding)
+            self._on_finding(rt, finding)
 
     async def scrape_metrics(self) -> None:
         """Runtime metrics (KV cache use) of ready services that set ``metrics:``."""
         targets = [
             rt
-            for rt in self._orc.runtimes.values()
+            for rt in self._runtimes.values()
             if rt.spec.metrics and rt.client is not None and rt.watch is not None
         ]
         await asyncio.gather(*(self._scrape(rt) for rt in targets))
@@ -143,7 +181,7 @@ class Sampler:
             watch.metrics = rt.adapter.parse_metrics(response.text)
 
     def _learn_peak(self, rt: ServiceRuntime) -> None:
-        learned = self._orc.scheduler.service_view(rt.name)
+        learned = self._view.service_view(rt.name)
         current = learned.expected_peak
         cap = rt.spec.memory.cap
         peak = rt.peak if cap is None else min(rt.peak, cap)
@@ -154,13 +192,13 @@ class Sampler:
             queries.update_stats(
                 session, service=rt.name, learned_peak_bytes=peak, updated_at=self._clock.now()
             )
-        self._orc.feed(LearnedChanged(rt.name, Learned(peak, rt.learned_load_s)))
+        self._feed(LearnedChanged(rt.name, Learned(peak, rt.learned_load_s)))
 
     def _store_samples(self, reading: ProbeReading, footprints: dict[str, int]) -> None:
         now = self._clock.now()
         device_rows = []
         for device in reading.devices:
-            ledger = self._orc.scheduler.ledger_view(device.index)
+            ledger = self._view.ledger_view(device.index)
             device_rows.append(
                 {
                     "ts": now,
@@ -174,8 +212,8 @@ class Sampler:
             )
         instance_rows = []
         for name in footprints:
-            rt = self._orc.runtimes[name]
-            view = self._orc.scheduler.service_view(name)
+            rt = self._runtimes[name]
+            view = self._view.service_view(name)
             instance_rows.append(
                 {
                     "ts": now,
@@ -213,7 +251,7 @@ class Sampler:
             if load_s is not None:
                 queries.update_stats(session, service=rt.name, learned_load_s=rt.learned_load_s)
         if load_s is not None:
-            self._orc.feed(LearnedChanged(rt.name, Learned(rt.learned_peak, rt.learned_load_s)))
+            self._feed(LearnedChanged(rt.name, Learned(rt.learned_peak, rt.learned_load_s)))
 
     def record_exit(self, rt: ServiceRuntime, reason: str) -> None:
         if rt.instance_id is None:
@@ -233,13 +271,13 @@ class Sampler:
             rt.learned_peak = learned
             queries.update_stats(session, service=rt.name, learned_peak_bytes=learned)
         # The learned peak follows recent instances, so one old spike is forgotten.
-        self._orc.feed(LearnedChanged(rt.name, Learned(learned, rt.learned_load_s)))
+        self._feed(LearnedChanged(rt.name, Learned(learned, rt.learned_load_s)))
 
     def flush_counters(self) -> None:
         """Persist the in-memory counters and flags (kept off the request path)."""
         try:
             with self._store.session() as session:
-                for rt in self._orc.runtimes.values():
+                for rt in self._runtimes.values():
                     fields: dict[str, Any] = dict(rt.counters)
                     fields["flags"] = sorted(rt.flags)
                     fields["last_error"] = rt.instance.last_error

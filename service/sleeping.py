@@ -6,12 +6,13 @@ in a fraction of a load's time (``POST /wake_up``). For a service with ``sleep: 
 an eviction or idle unload first tries that; it falls back to a stop when the sleep
 call fails or host memory is too short to receive the weights.
 
-To the scheduler a sleeping service is *stopped*: its expected peak is no longer
-charged, and a request loads it again — which the orchestrator carries out as a wake.
-The little device memory a sleeper keeps (its CUDA context) stays visible to the
-device's free-memory ceiling, so admission never over-commits because of it; when a
-load waits for memory, sleepers are the first thing stopped. A sleeper is stopped for
-good after its service's ``idle_ttl`` of sleep.
+To the scheduler a sleeping service is *stopped* (``InstanceAsleep``): its expected
+peak is no longer charged, and a request loads it again -- a ``Start(wake=True)``,
+which the kernel carries out as a wake. The little device memory a sleeper keeps (its
+CUDA context) stays visible to the device's free-memory ceiling, so admission never
+over-commits because of it. When a sleeper is stopped for good (after its service's
+``idle_ttl`` of sleep, or first of all when a load waits for memory) is the scheduler's
+decision (``StopSleeper``); this module only carries out sleeping, waking and stopping.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ class SleepMode:
         self._probe = probe
         self._clock = clock
         self._settle_timeout_s = settle_timeout_s
-        self.asleep_since: dict[str, float] = {}
 
     async def try_sleep(self, rt: ServiceRuntime, reason: str) -> bool:
         """Put ``rt`` to sleep and wait for its device memory to drop; False: stop it."""
@@ -79,7 +79,6 @@ class SleepMode:
             return False  # it died meanwhile: the supervisor has it
         rt.instance.mark_sleeping(f"asleep instead of stopped: {reason}")
         rt.watch = None  # its memory series ends here; waking starts a new one
-        self.asleep_since[rt.name] = self._clock.monotonic()
         released = await self._released(rt, weights)
         self._events.record(
             "sleep",
@@ -117,7 +116,6 @@ class SleepMode:
             return False
         if rt.instance.state is not S.SLEEPING:
             return False
-        self.asleep_since.pop(rt.name, None)
         self._events.record(
             "wake",
             f"{rt.name} woken in {time.monotonic() - started:.2f}s ({reason})",
@@ -128,18 +126,6 @@ class SleepMode:
 
     async def stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
         """Stop a sleeping runtime for good (the scheduler already counts it stopped)."""
-        self.asleep_since.pop(rt.name, None)
         if rt.instance.state is S.SLEEPING:
             await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
             await rt.close_client()
-
-    def overslept(self, runtimes: dict[str, ServiceRuntime]) -> list[ServiceRuntime]:
-        """Sleepers asleep longer than their service's idle_ttl."""
-        now = self._clock.monotonic()
-        return [
-            rt
-            for name, since in list(self.asleep_since.items())
-            if (rt := runtimes.get(name)) is not None
-            and rt.spec.idle_ttl
-            and now - since >= rt.spec.idle_ttl
-        ]

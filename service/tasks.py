@@ -12,7 +12,7 @@ log = logging.getLogger("vramd.tasks")
 
 
 @dataclass
-class TaskGroup:
+class BackgroundTasks:
     """Background work the orchestrator started and must finish or cancel at close."""
 
     running: set[asyncio.Task[Any]] = field(default_factory=set)

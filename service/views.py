@@ -94,3 +94,21 @@ def status_view(
         "devices": devices,
         "services": services,
     }
+
+
+def memory_view(rt: ServiceRuntime) -> dict[str, Any]:
+    """Estimate, learned peak and cap side by side, and the footprint's parts."""
+    watch = rt.watch
+    metrics = watch.metrics if watch else None
+    return {
+        "estimate_bytes": rt.spec.memory.estimate,
+        "learned_peak_bytes": rt.learned_peak,
+        "cap_bytes": rt.spec.memory.cap,
+        "footprint_bytes": rt.footprint,
+        "host_bytes": rt.host_bytes,
+        "weights_bytes": watch.weights_bytes if watch else None,
+        "growth_bytes": watch.growth_bytes() if watch else None,
+        "kv_cache_usage_ratio": metrics.kv_cache_usage_ratio if metrics else None,
+        "kv_cache_tokens": metrics.kv_cache_tokens if metrics else None,
+        "runtime_requests_running": metrics.requests_running if metrics else None,
+    }

@@ -1,32 +1,50 @@
 """Maintenance windows as the daemon lives them: what opening one does, and the API.
 
 ``maintenance.Maintenance`` knows *when* windows open and close (APScheduler); this
-module decides what that means for the services, through the orchestrator like every
+module decides what that means for the services, through scheduler events like every
 other change: restarting the window's targets (``RestartRequested``: drain first),
 allowing its window-only services (``WindowChanged``), recording each run in SQLite,
 and the operator's one-off windows (``POST``/``DELETE /api/maintenance``).
+
+Its ports are narrow (DESIGN section 2): ``feed``, the runtime table (which services
+run, and their flags), the store, the event log and the clock; the active policy is
+handed over by ``reconfigure`` after every apply.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from service.clock import Clock
 from service.domain import INSTANCE_FLAGS
 from service.errors import InvalidRequest, ServiceNotFound
+from service.eventlog import EventLog
 from service.maintenance import Maintenance, OpenWindow, WindowSpec
-from service.scheduler import RestartRequested, WindowChanged
-from service.store import queries
-
-if TYPE_CHECKING:
-    from service.orchestrator import Orchestrator
+from service.policy import Policy
+from service.runtimes import RuntimeTable
+from service.scheduler import Event, RestartRequested, WindowChanged
+from service.store import Store, queries
 
 
 class Windows:
-    def __init__(self, orchestrator: Orchestrator) -> None:
-        self._orc = orchestrator
-        self.maintenance = Maintenance(
-            clock=orchestrator.clock, on_open=self._opened, on_close=self._closed
-        )
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        feed: Callable[[Event], None],
+        runtimes: RuntimeTable,
+        store: Store,
+        events: EventLog,
+        clock: Clock,
+    ) -> None:
+        self._policy = policy
+        self._feed = feed
+        self._runtimes = runtimes
+        self._store = store
+        self._events = events
+        self._clock = clock
+        self.maintenance = Maintenance(clock=clock, on_open=self._opened, on_close=self._closed)
 
     def start(self) -> None:
         self.maintenance.start(self.specs())
@@ -35,8 +53,10 @@ class Windows:
     def shutdown(self) -> None:
         self.maintenance.shutdown()
 
-    def reconfigure(self) -> None:
+    def reconfigure(self, policy: Policy | None = None) -> None:
         """Derive the jobs again (a policy was applied, an API window added or removed)."""
+        if policy is not None:
+            self._policy = policy
         self.maintenance.configure(self.specs())
         self.changed()
 
@@ -51,9 +71,9 @@ class Windows:
                 restart=w.restart if isinstance(w.restart, str) else tuple(w.restart),
                 allow=tuple(w.allow),
             )
-            for w in self._orc.policy.maintenance.windows
+            for w in self._policy.maintenance.windows
         ]
-        with self._orc.store.session() as session:
+        with self._store.session() as session:
             for row in queries.list_windows(session):
                 if row.origin == "api" and row.start_at is not None:
                     specs.append(
@@ -72,37 +92,37 @@ class Windows:
         return specs
 
     def changed(self) -> None:
-        mono, wall = self._orc.clock.monotonic(), self._orc.clock.now()
+        mono, wall = self._clock.monotonic(), self._clock.now()
         next_open = {
             name: mono + max(0.0, at - wall)
             for name, at in self.maintenance.next_allowed_at().items()
         }
-        self._orc.feed(WindowChanged(self.maintenance.allowed(), next_open))
+        self._feed(WindowChanged(self.maintenance.allowed(), next_open))
 
     def _restart_targets(self, restart: str | tuple[str, ...]) -> list[str]:
-        resident = [n for n, rt in self._orc.runtimes.items() if rt.instance.pid is not None]
+        resident = [n for n, rt in self._runtimes.items() if rt.instance.pid is not None]
         if restart == "all":
             return resident
         if restart == "flagged":
-            return [n for n in resident if self._orc.runtimes[n].flags & INSTANCE_FLAGS]
+            return [n for n in resident if self._runtimes[n].flags & INSTANCE_FLAGS]
         if isinstance(restart, tuple):
             return [n for n in restart if n in resident]
         return []
 
     def _opened(self, spec: WindowSpec, trigger: str) -> None:
         window = self.maintenance.open[spec.name]
-        with self._orc.store.session() as session:
+        with self._store.session() as session:
             window.run_id = queries.record_maintenance_run(
                 session, window=spec.name, trigger=trigger, started_at=window.opened_at
             )
         targets = self._restart_targets(spec.restart)
         for name in targets:
             reason = f"maintenance window {spec.name}"
-            if self._orc.runtimes[name].flags:
-                reason += f" (flagged {', '.join(sorted(self._orc.runtimes[name].flags))})"
+            if self._runtimes[name].flags:
+                reason += f" (flagged {', '.join(sorted(self._runtimes[name].flags))})"
             window.actions.append({"service": name, "action": "restart", "reason": reason})
-            self._orc.feed(RestartRequested(name, reason))
-        self._orc.events.record(
+            self._feed(RestartRequested(name, reason))
+        self._events.record(
             "window-open",
             f"maintenance window {spec.name} open ({trigger}) for "
             f"{spec.duration_s:g}s; restarting {', '.join(targets) or 'nothing'}"
@@ -113,14 +133,14 @@ class Windows:
 
     def _closed(self, window: OpenWindow) -> None:
         if window.run_id is not None:
-            with self._orc.store.session() as session:
+            with self._store.session() as session:
                 queries.finish_maintenance_run(
                     session,
                     run_id=window.run_id,
-                    ended_at=self._orc.clock.now(),
+                    ended_at=self._clock.now(),
                     actions=window.actions,
                 )
-        self._orc.events.record(
+        self._events.record(
             "window-close",
             f"maintenance window {window.spec.name} closed",
             data={"window": window.spec.name},
@@ -147,17 +167,17 @@ class Windows:
         problems = [
             f"no service named {svc!r}"
             for svc in (restart if isinstance(restart, list) else []) + allow
-            if svc not in self._orc.policy.services
+            if svc not in self._policy.services
         ]
         problems += [
             f"{svc!r} is not a window-only service"
             for svc in allow
-            if svc in self._orc.policy.services
-            and self._orc.policy.services[svc].residency.value != "window-only"
+            if svc in self._policy.services
+            and self._policy.services[svc].residency.value != "window-only"
         ]
         if problems:
             raise InvalidRequest("; ".join(problems))
-        with self._orc.store.session() as session:
+        with self._store.session() as session:
             try:
                 queries.add_api_window(
                     session,
@@ -166,13 +186,13 @@ class Windows:
                     duration_s=duration_s,
                     restart=restart,
                     allow=allow,
-                    created_at=self._orc.clock.now(),
+                    created_at=self._clock.now(),
                 )
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from None
         self.maintenance.configure(self.specs())
         self.changed()
-        self._orc.events.record(
+        self._events.record(
             "window-added",
             f"one-off maintenance window {name} at {start_at:.0f} for {duration_s:g}s "
             f"(restart {restart})",
@@ -181,14 +201,14 @@ class Windows:
         return self.view(name)
 
     def delete(self, name: str) -> None:
-        with self._orc.store.session() as session:
+        with self._store.session() as session:
             deleted = queries.delete_api_window(session, name=name)
         if not deleted:
             raise ServiceNotFound(f"no maintenance window named {name!r} created through the API")
         self.maintenance.close_window(name)
         self.maintenance.configure(self.specs())
         self.changed()
-        self._orc.events.record("window-deleted", f"maintenance window {name} deleted")
+        self._events.record("window-deleted", f"maintenance window {name} deleted")
 
     def view(self, name: str | None = None) -> dict[str, Any]:
         out = []

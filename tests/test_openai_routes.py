@@ -33,7 +33,8 @@ from service.api.errors import install_error_handlers
 from service.demo_runtime import tiny_wav
 from service.domain import ROUTES_BY_KIND, ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
-from service.proxy import Lease, ProxyConfig
+from service.leases import Lease
+from service.proxy import ProxyConfig
 
 pytestmark = pytest.mark.slow
 

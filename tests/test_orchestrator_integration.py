@@ -41,7 +41,7 @@ from service.errors import (
     RuntimeFailed,
     WindowClosed,
 )
-from service.proxy import Lease
+from service.leases import Lease
 
 pytestmark = pytest.mark.slow
 

@@ -521,21 +521,18 @@ async def test_crash_while_draining_just_stops(world: World) -> None:
     assert world.exits == [(1, "exited with code 1")]
 
 
-async def test_restart_gate_can_decline(world: World) -> None:
-    asked: list[Instance] = []
-
-    async def gate(inst: Instance) -> bool:
-        asked.append(inst)
-        return False
-
-    inst = world.instance(restart_gate=gate)
+async def test_an_owner_restarted_instance_waits_in_backoff_for_its_owner(world: World) -> None:
+    inst = world.instance(restart_by_owner=True)
     await start(inst)
     world.launcher.spawned[0].exit(1)
     await settle()
-    await world.clock.advance(2)
-    assert asked == [inst]
-    assert inst.state is S.STOPPED
-    assert world.events[-1] == (S.BACKOFF, S.STOPPED, "restart not admitted")
+    assert inst.state is S.BACKOFF
+    assert inst.backoff_due == world.clock.monotonic() + 2
+    await world.clock.advance(100)
+    assert inst.state is S.BACKOFF and len(world.launcher.spawned) == 1  # no timer of its own
+    await start(inst)  # the owner decides the retry
+    assert inst.state is S.READY and inst.restarts == 1 and inst.attempt == 1
+    assert world.events[-2] == (S.BACKOFF, S.STARTING, "restart after backoff (attempt 1)")
 
 
 async def test_on_spawned_failure_kills_the_process(world: World) -> None:

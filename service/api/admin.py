@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service import __version__
 from service.api.auth import require_admin_key
-from service.api.deps import DaemonDep, OrchestratorDep, StoreDep
+from service.api.deps import OrchestratorDep, StoreDep
 from service.api.errors import error_response
 from service.api.openai import read_body
 from service.errors import InvalidRequest, PolicyError
@@ -32,9 +32,9 @@ router = APIRouter(dependencies=[Depends(require_admin_key)])
 
 
 @health_router.get("/healthz")
-async def healthz(daemon: DaemonDep) -> JSONResponse:
+async def healthz(orchestrator: OrchestratorDep) -> JSONResponse:
     """200 while the daemon is serving; 503 when its own liveness check fails."""
-    health = daemon.orchestrator.health()
+    health = orchestrator.health()
     status = 200 if health["ok"] else 503
     return JSONResponse({"status": "ok" if health["ok"] else "unhealthy", **health}, status)
 

@@ -1,48 +1,29 @@
 """What routes depend on, as ``Annotated`` aliases; routes never reach into ``app.state``.
 
-``Daemon`` is the bundle the app factory builds in its lifespan.
+Routes see the kernel (``Orchestrator``) and, for reading history, the store; the
+bundle the app factory builds (``service.app.Daemon``) stays out of their reach, and
+so do processes and probes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.clock import Clock
-from service.devices import DeviceProbe
 from service.orchestrator import Orchestrator
-from service.settings import Settings
 from service.store import Store
-from service.store.lock import DatabaseLock
-
-
-@dataclass
-class Daemon:
-    """Everything the routes reach, built once per app in the lifespan."""
-
-    settings: Settings
-    store: Store
-    probe: DeviceProbe
-    clock: Clock
-    orchestrator: Orchestrator
-    lock: DatabaseLock
-
-
-def get_daemon(request: Request) -> Daemon:
-    daemon: Daemon = request.app.state.daemon
-    return daemon
 
 
 def get_orchestrator(request: Request) -> Orchestrator:
-    return get_daemon(request).orchestrator
+    orchestrator: Orchestrator = request.app.state.daemon.orchestrator
+    return orchestrator
 
 
 def get_store(request: Request) -> Store:
-    return get_daemon(request).store
+    store: Store = request.app.state.daemon.store
+    return store
 
 
-DaemonDep = Annotated[Daemon, Depends(get_daemon)]
 OrchestratorDep = Annotated[Orchestrator, Depends(get_orchestrator)]
 StoreDep = Annotated[Store, Depends(get_store)]

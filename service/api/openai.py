@@ -30,13 +30,8 @@ from service.api.auth import require_api_key
 from service.api.deps import get_orchestrator
 from service.domain import ROUTES_BY_KIND, ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
-from service.proxy import (
-    ClientRequest,
-    LeaseProvider,
-    ProxyConfig,
-    ProxyResponse,
-    forwarded_headers,
-)
+from service.leases import LeaseProvider
+from service.proxy import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
 from service.units import format_size
 
 STARTED = int(time.time())  # the "created" of every model: when this daemon started

@@ -17,12 +17,15 @@ from service.scheduler.actions import (
     Grant,
     Note,
     Reject,
+    Resolve,
     Start,
     Stop,
+    StopSleeper,
 )
 from service.scheduler.core import Scheduler
 from service.scheduler.events import (
     Event,
+    InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
     InstanceReady,
@@ -36,12 +39,14 @@ from service.scheduler.events import (
     RequestCancelled,
     RequestFinished,
     RestartRequested,
+    ShutdownRequested,
     Tick,
     UnloadRequested,
     WindowChanged,
 )
 from service.scheduler.explain import Explanation
 from service.scheduler.ledger import LedgerView
+from service.scheduler.pump import Effects, Pump
 from service.scheduler.rules import (
     DeviceRule,
     Learned,
@@ -61,9 +66,11 @@ __all__ = [
     "Action",
     "DeviceReading",
     "DeviceRule",
+    "Effects",
     "Event",
     "Explanation",
     "Grant",
+    "InstanceAsleep",
     "InstanceBackoff",
     "InstanceFailed",
     "InstanceReady",
@@ -76,16 +83,20 @@ __all__ = [
     "MemorySampled",
     "Note",
     "PolicyChanged",
+    "Pump",
     "Reject",
     "RequestArrived",
     "RequestCancelled",
     "RequestFinished",
+    "Resolve",
     "RestartRequested",
     "Scheduler",
     "ServiceRule",
     "ServiceView",
+    "ShutdownRequested",
     "Start",
     "Stop",
+    "StopSleeper",
     "Tick",
     "UnloadRequested",
     "WindowChanged",

@@ -28,11 +28,18 @@ MODEL_NOT_FOUND = "model_not_found"
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Spawn the service on ``device`` now; its expected peak is charged from now on."""
+    """Spawn the service on ``device`` now; its expected peak is charged from now on.
+
+    ``wake``: the service sleeps on that device (``InstanceAsleep``): wake it rather
+    than load it (if waking fails, stop the sleeper and load afresh). ``retry``: a
+    restart after backoff of the instance that crashed or failed to start.
+    """
 
     service: str
     device: int
     reason: str
+    wake: bool = False
+    retry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,18 @@ class Stop:
     reason: str
     drain: bool
     sleepable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopSleeper:
+    """Stop a sleeping runtime's process for good; report ``InstanceStopped`` after.
+
+    Admission already counts a sleeper stopped: this frees what little it kept on the
+    device (its context) and the host memory its weights took.
+    """
+
+    service: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,4 +104,19 @@ class Note:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-Action = Start | Stop | Grant | Reject | Note
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """Answer an operator's load, unload or restart (the event's ``ticket``).
+
+    ``outcome``: ready, waiting (for memory others hold; the load still happens when it
+    can), refused (it can never fit), failed, window_closed, stopped or ignored.
+    """
+
+    ticket: str
+    service: str
+    outcome: str
+    message: str = ""
+    retry_after: float | None = None
+
+
+Action = Start | Stop | StopSleeper | Grant | Reject | Note | Resolve

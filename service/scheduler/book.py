@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
-from service.scheduler.actions import Action, Grant, Note, Reject, Stop
+from service.scheduler.actions import Action, Grant, Note, Reject, Resolve, Stop, StopSleeper
 from service.scheduler.admission import Room
 from service.scheduler.ledger import Holding, Ledger, LedgerView
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
@@ -41,6 +41,7 @@ class Book:
         self.requests: dict[str, str] = {}  # queued or in-flight request id -> service
         self.allowed_now: frozenset[str] = frozenset()  # window-only services allowed now
         self.next_open: dict[str, float] = {}
+        self.shutting_down = False
         self.now = 0.0
         self.out: list[Action] = []
         # When the first protection a waiting load waits for lapses (see ``run_pass``).
@@ -56,8 +57,9 @@ class Book:
         return sorted(self.services.values(), key=lambda s: (-s.rule.priority, s.name))
 
     def allowed(self, svc: ServiceState) -> bool:
-        """Whether ``svc`` may run now: not removed, and window-only only in its window."""
-        if svc.removed:
+        """Whether ``svc`` may run now: not removed, not shutting down, and window-only
+        only in its window."""
+        if svc.removed or self.shutting_down:
             return False
         return svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in self.allowed_now
 
@@ -177,6 +179,33 @@ class Book:
         svc.drain_deadline = None
         svc.claimed_by = None
         svc.loaded_for = frozenset()
+        svc.retry_at = None
+        svc.retry_after_room = False
+
+    def stop_sleeper(self, svc: ServiceState, reason: str) -> None:
+        """Stop a sleeper's process for good (to admission it is stopped already)."""
+        if svc.asleep and not svc.sleeper_stopping:
+            svc.sleeper_stopping = True
+            self.out.append(StopSleeper(svc.name, reason))
+
+    def forget(self, svc: ServiceState) -> None:
+        """Drop a removed service's record; operators waiting on it get their answer."""
+        for ticket, kind in svc.tickets.items():
+            outcome = "stopped" if kind == "unload" else "ignored"
+            self.resolve(svc, ticket, outcome, f"{svc.name} was removed from the policy")
+        svc.tickets.clear()
+        del self.services[svc.name]
+
+    def resolve(
+        self,
+        svc: ServiceState,
+        ticket: str,
+        outcome: str,
+        message: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        svc.tickets.pop(ticket, None)
+        self.out.append(Resolve(ticket, svc.name, outcome, message, retry_after))
 
     def drop_in_flight(self, svc: ServiceState) -> None:
         """Forget requests whose process is gone; the proxy has answered them already."""

@@ -10,6 +10,8 @@ returns the actions of both, in order. The pass is the whole algorithm:
 3. Restarts (a window's, ``on_cap: restart``, a changed command, an operator's): the
    instance drains at once, keeps its memory claimed for its own return, and starts
    again as soon as it has stopped (``planner.restart``).
+   Retries: a crashed or failed start whose backoff is over starts again (after an
+   out-of-memory load, once the instances evicted for it are gone).
 4. Grants: each ready instance takes queued requests up to ``max_concurrency``, in
    arrival order; draining instances never get grants.
 5. Loads: every stopped service that something waits for (requests, pinning, preload,
@@ -41,10 +43,11 @@ from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
 from service.scheduler import actions as act
-from service.scheduler.actions import Action, Reject
+from service.scheduler.actions import Action, Note, Reject
 from service.scheduler.book import Book
 from service.scheduler.events import (
     Event,
+    InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
     InstanceReady,
@@ -58,6 +61,7 @@ from service.scheduler.events import (
     RequestCancelled,
     RequestFinished,
     RestartRequested,
+    ShutdownRequested,
     Tick,
     UnloadRequested,
     WindowChanged,
@@ -65,12 +69,15 @@ from service.scheduler.events import (
 from service.scheduler.eviction import Block, eviction_block
 from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
+from service.scheduler.operators import answer_operators
 from service.scheduler.planner import run_pass
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 from service.scheduler.state import ServiceState, ServiceView
 from service.units import format_duration
 
 S = InstanceState
+# Retry-After for requests refused because the daemon is stopping (it may be restarting).
+SHUTDOWN_RETRY_S = 5.0
 
 
 class Scheduler:
@@ -130,6 +137,8 @@ class Scheduler:
                 self._on_failed(event)
             case InstanceStopped():
                 self._on_stopped(event)
+            case InstanceAsleep():
+                self._on_asleep(event)
             case MemorySampled():
                 book.ledger.sample(event.devices)
                 for svc in book.services.values():
@@ -152,7 +161,11 @@ class Scheduler:
                 self._on_restart(event)
             case MakeRoom():
                 self._on_make_room(event)
+            case ShutdownRequested():
+                self._on_shutdown()
         run_pass(book, quiet=isinstance(event, Tick) and not book.out)
+        self._stop_sleepers_for_waits()
+        answer_operators(book)
         return book.out
 
     def _on_arrived(self, event: RequestArrived) -> None:
@@ -167,7 +180,9 @@ class Scheduler:
             return
         rule = svc.rule
         refusal: tuple[str, str, float | None] | None = None
-        if svc.state is S.FAILED:
+        if book.shutting_down:
+            refusal = (act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S)
+        elif svc.state is S.FAILED:
             refusal = (act.RUNTIME_FAILED, _failed_message(svc), None)
         elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed_now:
             message = f"{name} runs only in a maintenance window that allows it"
@@ -217,6 +232,7 @@ class Scheduler:
             return
         self._book.drop_in_flight(svc)
         svc.error = event.error
+        svc.retry_at = event.retry_at
         if svc.state is S.READY:
             svc.state = S.STARTING  # the supervisor retries; the reservation stays
         self._book.note(svc.name, "backoff", f"{svc.name} will be retried: {event.error}")
@@ -234,21 +250,43 @@ class Scheduler:
         svc.restart_pending = False
         book.reject_queue(svc, act.RUNTIME_FAILED, _failed_message(svc))
         svc.wait = svc.behind = None
+        svc.retry_at = None
         if svc.removed:
-            del book.services[svc.name]
+            book.forget(svc)
 
     def _on_stopped(self, event: InstanceStopped) -> None:
         book = self._book
         svc = book.services.get(event.service)
-        if svc is None or not svc.resident:
+        if svc is None:
+            return
+        if not svc.resident:
+            # A sleeper's process is gone: stopped for good, or it died asleep.
+            svc.asleep_on = svc.asleep_since = None
+            svc.sleeper_stopping = False
             return
         if svc.state in (S.STARTING, S.READY):
             book.note(svc.name, "exited", f"{svc.name} stopped without being asked to")
         book.release(svc)
         svc.state = S.STOPPED
         svc.restart_pending = False
+        # A restart's old instance is gone: its operators now wait for the new one.
+        svc.tickets = {t: "load" if k == "restart" else k for t, k in svc.tickets.items()}
         if svc.removed:
-            del book.services[svc.name]
+            book.forget(svc)
+
+    def _on_asleep(self, event: InstanceAsleep) -> None:
+        book = self._book
+        svc = book.services.get(event.service)
+        if svc is None or not svc.resident:
+            return
+        device = svc.device
+        book.release(svc)
+        svc.state = S.STOPPED
+        svc.restart_pending = False
+        svc.asleep_on, svc.asleep_since = device, book.now
+        if svc.removed:
+            book.stop_sleeper(svc, "removed from the policy")
+            book.forget(svc)
 
     def _on_tick(self) -> None:
         book, now = self._book, self._book.now
@@ -278,6 +316,9 @@ class Scheduler:
                 book.stop(
                     svc, f"idle for {format_duration(idle_s)} (idle_ttl {ttl})", sleepable=True
                 )
+            since = svc.asleep_since
+            if since is not None and rule.idle_ttl_s > 0 and now - since >= rule.idle_ttl_s:
+                book.stop_sleeper(svc, f"asleep longer than its idle_ttl ({rule.idle_ttl_s:g}s)")
 
     def _on_window(self, event: WindowChanged) -> None:
         book = self._book
@@ -307,7 +348,8 @@ class Scheduler:
             if svc.resident:
                 book.stop(svc, "removed from the policy")  # forgotten once stopped
             else:
-                del book.services[name]
+                book.stop_sleeper(svc, "removed from the policy")
+                book.forget(svc)
         for name in sorted(event.rules):
             rule = event.rules[name]
             current = book.services.get(name)
@@ -336,6 +378,7 @@ class Scheduler:
             and other.state in (S.READY, S.STARTING)
             and eviction_block(svc.rule, other.snapshot(), book.now) in (None, Block.BATCH)
         ]
+        svc.retry_after_room = True
         if not victims:
             book.note(svc.name, "make-room", f"{event.reason}: nothing {svc.name} may evict")
             return
@@ -358,6 +401,11 @@ class Scheduler:
         if svc is not None and svc.state in (S.READY, S.STARTING) and not svc.removed:
             svc.restart_pending = True
             svc.restart_reason = event.reason
+            if event.ticket is not None:
+                svc.tickets[event.ticket] = "restart"
+        elif event.ticket is not None:
+            # An operator's restart of a service that is not loaded is a load.
+            self._on_load(LoadRequested(event.service, event.ticket))
 
     def _on_load(self, event: LoadRequested) -> None:
         book = self._book
@@ -365,6 +413,17 @@ class Scheduler:
         if svc is None or svc.removed:
             book.note(event.service, "ignored", f"no service named {event.service!r}")
             return
+        if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in book.allowed_now:
+            if event.ticket is not None:
+                message = (
+                    f"{svc.name} runs only in a maintenance window that allows it; none is open"
+                )
+                book.resolve(
+                    svc, event.ticket, "window_closed", message, book.retry_window(svc.name)
+                )
+            return
+        if event.ticket is not None:
+            svc.tickets[event.ticket] = "load"
         if svc.state is S.FAILED:
             svc.state = S.STOPPED
             svc.error = None
@@ -387,8 +446,36 @@ class Scheduler:
         # other service loads again for the next request, but not for those already
         # queued: they would undo the unload the moment it completed.
         svc.operator_unloaded = svc.rule.residency is Residency.PINNED
+        if event.ticket is not None:
+            svc.tickets[event.ticket] = "unload"
         book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, _unloaded_message(svc))
         book.stop(svc, "unloaded by an operator")
+        book.stop_sleeper(svc, "unloaded by an operator")
+
+    def _on_shutdown(self) -> None:
+        """Refuse what waits, drain what runs (terminated at ``stop_timeout``), load
+        nothing more: ``Book.allowed`` says no to every service from now on."""
+        book = self._book
+        book.shutting_down = True
+        for svc in book.ordered():
+            book.reject_queue(
+                svc, act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S
+            )
+            svc.load_intent = None
+            svc.restart_pending = False
+            svc.retry_at = None
+            book.drop_plan(svc)
+            book.stop(svc, "daemon shutting down")
+            book.stop_sleeper(svc, "daemon shutting down")
+
+    def _stop_sleepers_for_waits(self) -> None:
+        """A load waits for memory: sleepers' leftovers are the cheapest to take."""
+        book = self._book
+        waiting = [a.service for a in book.out if isinstance(a, Note) and a.kind == "wait"]
+        for name in waiting:
+            for svc in book.ordered():
+                if svc.asleep and svc.name != name:
+                    book.stop_sleeper(svc, f"{name} waits for memory")
 
 
 def _expired_idle(svc: ServiceState, now: float) -> float | None:

@@ -43,13 +43,16 @@ class InstanceReady:
 
 @dataclass(frozen=True, slots=True)
 class InstanceBackoff:
-    """The instance crashed or failed to start and the supervisor will retry.
+    """The instance crashed or failed to start and may be retried.
 
     Its reservation is kept (the retry needs the same bytes) and its queue keeps waiting.
+    ``retry_at`` is when the supervisor's backoff ends: the first pass at or after it
+    issues the retry's ``Start`` (``None``: the retry is not the scheduler's to issue).
     """
 
     service: str
     error: str
+    retry_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,19 @@ class InstanceFailed:
 
 @dataclass(frozen=True, slots=True)
 class InstanceStopped:
-    """A stop we asked for completed and memory settled, or the process died unasked."""
+    """A stop we asked for completed and memory settled, or the process died unasked.
+
+    Also sent when a sleeper's process has been stopped for good (``StopSleeper``).
+    """
+
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceAsleep:
+    """A sleepable stop was carried out as a sleep (vLLM's sleep mode): the weights left
+    the device and the process lives on. To admission the service is stopped; its next
+    ``Start`` on the same device wakes it instead of loading it."""
 
     service: str
 
@@ -109,16 +124,25 @@ class LearnedChanged:
 
 @dataclass(frozen=True, slots=True)
 class LoadRequested:
-    """An operator asked for a load; also the only way out of ``failed``."""
+    """An operator asked for a load; also the only way out of ``failed``.
+
+    ``ticket``: the operator waits for an answer (``Resolve``): ready, waiting for
+    memory, refused, failed or window closed.
+    """
 
     service: str
+    ticket: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class UnloadRequested:
-    """An operator asked for an unload: drain, then stop, whatever the residency."""
+    """An operator asked for an unload: drain, then stop, whatever the residency.
+
+    ``ticket`` is resolved ``stopped`` once the process is gone.
+    """
 
     service: str
+    ticket: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,18 +151,27 @@ class RestartRequested:
 
     Drained at once: no new requests (they queue for the new instance), those in flight
     finish within ``stop_timeout``, then it stops and starts again with its memory kept
-    claimed in between. Ignored for a service that is not starting or ready.
+    claimed in between. Ignored for a service that is not starting or ready -- unless
+    it carries a ``ticket`` (an operator's restart), which then loads it.
+    The ticket is resolved when the new instance is ready (or cannot be).
     """
 
     service: str
     reason: str
+    ticket: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownRequested:
+    """The daemon is stopping: refuse what waits, drain everything, start nothing."""
 
 
 @dataclass(frozen=True, slots=True)
 class MakeRoom:
     """A load of ``service`` failed with out-of-memory: evict everything it may evict on
     its device before the supervisor's retry, to tell fragmentation (the retry then
-    fits) from a real capacity shortage (it fails again)."""
+    fits) from a real capacity shortage (it fails again). The retry waits until those
+    victims are gone."""
 
     service: str
     reason: str
@@ -152,6 +185,7 @@ Event = (
     | InstanceBackoff
     | InstanceFailed
     | InstanceStopped
+    | InstanceAsleep
     | MemorySampled
     | Tick
     | WindowChanged
@@ -161,4 +195,5 @@ Event = (
     | UnloadRequested
     | RestartRequested
     | MakeRoom
+    | ShutdownRequested
 )

@@ -42,9 +42,17 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
         if svc.restart_pending and svc.state is S.READY:
             restart(book, svc)
     for svc in book.ordered():
+        if svc.state is S.STARTING and svc.retry_at is not None and book.now >= svc.retry_at:
+            retry(book, svc)
+    for svc in book.ordered():
         while svc.state is S.READY and svc.queue and len(svc.in_flight) < svc.rule.max_concurrency:
             book.grant(svc, svc.queue.popleft().request_id)
-    loads = [s for s in book.services.values() if s.state is S.STOPPED and book.wants(s)]
+    # A sleeper being stopped for good is loaded once its process is gone.
+    loads = [
+        s
+        for s in book.services.values()
+        if s.state is S.STOPPED and book.wants(s) and not s.sleeper_stopping
+    ]
     heads: list[ServiceState] = []  # loads earlier in line that wait for memory
     for svc in sorted(loads, key=line_order):
         if svc.plan is not None:
@@ -167,7 +175,9 @@ def _start(book: Book, svc: ServiceState, device: int, need: int, available: int
         reason = f"{len(svc.queue)} request(s) waiting"
     else:
         reason = str(svc.rule.residency)
-    book.out.append(Start(svc.name, device, reason))
+    wake = svc.asleep_on == device
+    book.out.append(Start(svc.name, device, reason, wake=wake))
+    svc.asleep_on = svc.asleep_since = None
     svc.state = S.STARTING
     svc.device = device
     svc.measured = 0
@@ -227,6 +237,25 @@ def restart(book: Book, svc: ServiceState) -> None:
         svc.plan = Plan(svc.device, svc.expected_peak, frozenset({svc.name}), book.now)
         svc.claimed_by = svc.name
     book.stop(svc, reason)
+
+
+def retry(book: Book, svc: ServiceState) -> None:
+    """The backoff of a crashed or failed start is over: start it again.
+
+    After an out-of-memory load (``MakeRoom``) the retry also waits for the instances
+    evicted for it to be gone: retrying while they still hold their memory would fail
+    again for the wrong reason and be diagnosed as a capacity shortage.
+    """
+    if svc.retry_after_room and any(
+        other.going and other.device == svc.device
+        for other in book.services.values()
+        if other.name != svc.name
+    ):
+        return
+    assert svc.device is not None, "a backoff keeps its reservation"
+    svc.retry_at = None
+    svc.retry_after_room = False
+    book.out.append(Start(svc.name, svc.device, "restart after backoff", retry=True))
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:

@@ -98,6 +98,18 @@ class ServiceState:
     error: str | None = None
     # The last wait/refuse note, so a decision that does not change is said once.
     last_note: str | None = None
+    # A crashed or failed start the supervisor backs off: the retry is due at
+    # ``retry_at``; after an out-of-memory load (``MakeRoom``) it also waits for the
+    # instances evicted for it to be gone, or it would fail again for the wrong reason.
+    retry_at: float | None = None
+    retry_after_room: bool = False
+    # A sleeper (``InstanceAsleep``): stopped to admission, its process alive on
+    # ``asleep_on``. ``sleeper_stopping``: told to stop for good, not yet gone.
+    asleep_on: int | None = None
+    asleep_since: float | None = None
+    sleeper_stopping: bool = False
+    # Operators waiting for an answer: ticket -> "load" | "restart" | "unload".
+    tickets: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -106,6 +118,10 @@ class ServiceState:
     @property
     def resident(self) -> bool:
         return self.state in RESIDENT_STATES
+
+    @property
+    def asleep(self) -> bool:
+        return self.asleep_on is not None
 
     @property
     def going(self) -> bool:

@@ -13,7 +13,11 @@ used unchanged:
 A failed start goes straight to BACKOFF or FAILED, as a crash does: the restart tracker
 decides, so a runtime that dies while loading and one that dies while serving count
 against the same ``max_retries``. Backoff is a state with a deadline (``backoff_until``)
-that ``vramd ps`` can show, not a retry loop hidden inside ``start``.
+that ``vramd ps`` can show, not a retry loop hidden inside ``start``. Standalone, the
+instance restarts itself when the deadline passes; with ``restart_by_owner`` (the
+daemon) it waits in BACKOFF for its owner to ``start`` it again, so the retry is a
+decision like any other (the scheduler issues it once the deadline has passed and
+memory allows).
 
 Each start creates one ``ProcessRun`` (``run.py``), run by one task that owns that
 process until it is reaped. ``start``, ``stop`` and the restart timer only ask it, so a
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import httpx
 
@@ -45,7 +49,6 @@ logger = logging.getLogger("vramd.supervisor")
 S = InstanceState
 OnState = Callable[["Instance", InstanceState, InstanceState, str], None]
 OnExit = Callable[["Instance", int, str], None]
-RestartGate = Callable[["Instance"], Awaitable[bool]]
 
 
 class StartFailed(VramdError):
@@ -70,13 +73,12 @@ class Instance:
         on_state: OnState,
         on_exit: OnExit | None = None,
         restart_policy: RestartPolicy = DEFAULT_POLICY,
-        restart_gate: RestartGate | None = None,
+        restart_by_owner: bool = False,
         kill_timeout_s: float = 5.0,
     ) -> None:
-        """``restart_gate``, if given, is awaited before each restart after backoff: it
-        is the orchestrator's admission and may wait for memory; False cancels the
-        restart (BACKOFF → STOPPED). ``kill_timeout_s`` bounds the wait after SIGKILL
-        for a process stuck in the kernel (a hung driver call)."""
+        """``restart_by_owner``: stay in BACKOFF until the owner calls ``start`` (the
+        daemon's scheduler decides when a retry may go). ``kill_timeout_s`` bounds the
+        wait after SIGKILL for a process stuck in the kernel (a hung driver call)."""
         self.key = key
         self.log = log
         self._launcher = launcher
@@ -84,7 +86,7 @@ class Instance:
         self._http = http
         self._on_state = on_state
         self._on_exit = on_exit
-        self._restart_gate = restart_gate
+        self._restart_by_owner = restart_by_owner
         self._kill_timeout_s = kill_timeout_s
         self._tracker = RestartTracker(restart_policy)
         self._state = S.STOPPED
@@ -98,6 +100,7 @@ class Instance:
         self._ready_at: float | None = None
         self._load_s: float | None = None
         self._backoff_until: float | None = None
+        self._backoff_due: float | None = None
         self._restarts = 0
 
     # -- what the owner reads ---------------------------------------------------------
@@ -145,6 +148,11 @@ class Instance:
         return self._backoff_until if self._state is S.BACKOFF else None
 
     @property
+    def backoff_due(self) -> float | None:
+        """Monotonic time the backoff ends, while in BACKOFF (for the owner's clock)."""
+        return self._backoff_due if self._state is S.BACKOFF else None
+
+    @property
     def restarts(self) -> int:
         """Restarts after backoff since this instance was created."""
         return self._restarts
@@ -179,11 +187,15 @@ class Instance:
             tuple(argv), dict(env), cwd, port, health_url, startup_timeout_s, on_spawned
         )
         check_transition(self._state, S.STARTING)
+        reason = "start requested"
         if self._state is S.BACKOFF:
             self._cancel_restart()
+            if self._restart_by_owner:
+                self._restarts += 1
+                reason = f"restart after backoff (attempt {self.attempt})"
         else:
             self._tracker.reset()
-        await asyncio.shield(self._begin(spec, "start requested"))
+        await asyncio.shield(self._begin(spec, reason))
 
     def begin_draining(self, reason: str) -> None:
         """READY → DRAINING: take no new work; the owner stops it when in-flight is 0."""
@@ -307,9 +319,11 @@ class Instance:
             decision = self._tracker.on_failure(self._clock.monotonic())
             if decision.retry:
                 self._backoff_until = self._clock.now() + decision.delay_s
+                self._backoff_due = self._clock.monotonic() + decision.delay_s
                 self._set_state(S.BACKOFF, f"{error}; restart in {decision.delay_s:g}s")
-                self._restart_task = asyncio.create_task(self._restart_after(decision.delay_s))
-                self._restart_task.add_done_callback(self._task_done)
+                if not self._restart_by_owner:
+                    self._restart_task = asyncio.create_task(self._restart_after(decision.delay_s))
+                    self._restart_task.add_done_callback(self._task_done)
             else:
                 retries = self._tracker.policy.max_retries
                 self._set_state(S.FAILED, f"{error}; gave up after {retries} restarts")
@@ -323,17 +337,6 @@ class Instance:
 
     async def _restart_after(self, delay_s: float) -> None:
         await self._clock.sleep(delay_s)
-        if self._restart_gate is not None:
-            try:
-                admitted = await self._restart_gate(self)
-            except Exception as exc:
-                logger.exception("restart gate failed for %s", self.key)
-                self._last_error = f"restart gate failed: {exc!r}"
-                self._set_state(S.FAILED, self._last_error)
-                return
-            if not admitted:
-                self._set_state(S.STOPPED, "restart not admitted")
-                return
         assert self._run is not None
         self._restart_task = None
         self._restarts += 1

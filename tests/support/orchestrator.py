@@ -7,7 +7,7 @@
     daemon.events(kind="evict")                 # persisted events, oldest first
     await harness.close()                       # close() every orchestrator, then check
 
-The orchestrator is wired the way ``service.app`` wires it (policy parsed from text, a
+The orchestrator is wired by ``service.app.build_orchestrator`` (policy parsed from text, a
 fresh SQLite file in the test's temp directory, ``create_probe("host")``, the system
 clock, the real subprocess launcher), minus the HTTP app. Services run
 ``python -m service.demo_runtime`` on a free loopback port. ``close`` always stops every
@@ -30,6 +30,7 @@ import yaml
 
 from service.clock import SystemClock
 from service.devices import DeviceProbe, create_probe
+from service.app import build_orchestrator
 from service.orchestrator import Orchestrator
 from service.policy import load_policy
 from service.settings import Settings
@@ -166,7 +167,7 @@ class OrchestratorHarness:
         policy = load_policy(text)
         store = open_store(self._tmp_path / f"vramd-{index}.db")
         probe = self._probe or create_probe("host")
-        orchestrator = Orchestrator(
+        orchestrator = build_orchestrator(
             policy=policy,
             store=store,
             probe=probe,

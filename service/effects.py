@@ -1,0 +1,320 @@
+"""The kernel's effects: how the scheduler's actions become real (DESIGN section 2).
+
+``KernelEffects`` implements ``scheduler.Effects`` for the daemon. Each method returns
+at once; slow work (spawning, stopping, waiting for memory to settle, sleeping and
+waking) runs in background tasks that report back through ``feed`` with the events the
+scheduler expects: ``InstanceReady``, ``InstanceStopped``, ``InstanceAsleep``,
+``InstanceBackoff``, ``InstanceFailed``.
+
+It is also the observer of every instance transition (``on_state``): it records the
+transition, keeps the runtime's record (client, counters, flags, memory watch) in step,
+and tells the scheduler what the transition means. Nothing here decides: where to
+start, what to stop, when to retry, when to wake -- all of that came in the action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Protocol
+
+from service.clock import Clock
+from service.devices import DeviceProbe
+from service.doctor import Doctor
+from service.domain import INSTANCE_FLAGS, InstanceState
+from service.errors import RuntimeFailed
+from service.eventlog import EventLog
+from service.leases import REJECTIONS, Lease, Waiters
+from service.metrics import Metrics
+from service.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
+from service.sampling import Sampler
+from service.scheduler import (
+    Event,
+    Grant,
+    InstanceAsleep,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    LedgerView,
+    Note,
+    Reject,
+    RequestFinished,
+    Resolve,
+    Start,
+    Stop,
+    StopSleeper,
+)
+from service.sleeping import SleepMode
+from service.store import Store, queries
+from service.supervisor import StartFailed, wait_settled
+from service.tasks import BackgroundTasks
+from service.tickets import Tickets
+
+S = InstanceState
+_PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
+
+
+class Feed(Protocol):
+    def __call__(self, event: Event) -> None: ...
+
+
+class Ledgers(Protocol):
+    """The one thing effects read from the scheduler: a device's total, for placeholders."""
+
+    def ledger_view(self, device: int) -> LedgerView | None: ...
+
+
+class KernelEffects:
+    def __init__(
+        self,
+        *,
+        feed: Feed,
+        ledgers: Ledgers,
+        runtimes: RuntimeTable,
+        waiters: Waiters,
+        tickets: Tickets,
+        sleep: SleepMode,
+        doctor: Doctor,
+        sampler: Sampler,
+        events: EventLog,
+        metrics: Metrics,
+        store: Store,
+        probe: DeviceProbe,
+        clock: Clock,
+        settle_timeout_s: float,
+    ) -> None:
+        self._feed = feed
+        self._ledgers = ledgers
+        self._runtimes = runtimes
+        self._waiters = waiters
+        self._tickets = tickets
+        self._sleep = sleep
+        self._doctor = doctor
+        self._sampler = sampler
+        self._events = events
+        self._metrics = metrics
+        self._store = store
+        self._probe = probe
+        self._clock = clock
+        self._settle_timeout_s = settle_timeout_s
+        self.tasks = BackgroundTasks()
+        # The daemon is closing: an instance that exits is not settled and reported.
+        self.closing = False
+        runtimes.observe(self.on_state)
+
+    # ------------------------------------------------------------------ Effects
+
+    def start(self, action: Start) -> None:
+        rt = self._runtimes[action.service]
+        self.tasks.spawn(self._start(rt, action), f"start {rt.name}")
+
+    def drain(self, action: Stop) -> None:
+        rt = self._runtimes[action.service]
+        if rt.instance.state is S.READY:
+            rt.instance.begin_draining(action.reason)
+
+    def stop(self, action: Stop) -> None:
+        rt = self._runtimes[action.service]
+        self.tasks.spawn(self._stop(rt, action), f"stop {rt.name}")
+
+    def stop_sleeper(self, action: StopSleeper) -> None:
+        rt = self._runtimes.get(action.service)
+        if rt is not None:
+            self.tasks.spawn(self._stop_sleeper(rt, action.reason), f"stop sleeper {rt.name}")
+
+    def grant(self, action: Grant) -> None:
+        waiter = self._waiters.withdraw(action.request_id)
+        rt = self._runtimes[action.service]
+        if waiter is None or waiter.future.done() or rt.client is None or rt.base_url is None:
+            # Nobody can use this grant any more: give the slot straight back.
+            self._feed(RequestFinished(action.request_id))
+            return
+        waiter.future.set_result(
+            Lease(
+                request_id=action.request_id,
+                service=rt.name,
+                base_url=rt.base_url,
+                client=rt.client,
+                upstream_model=rt.spec.upstream_model,
+                queue_ms=(self._clock.monotonic() - waiter.arrived) * 1000,
+                cold_start=waiter.cold,
+            )
+        )
+
+    def reject(self, action: Reject) -> None:
+        error = REJECTIONS.get(action.code, RuntimeFailed)
+        waiter = self._waiters.refuse(
+            action.request_id, error(action.message, retry_after=action.retry_after)
+        )
+        if waiter is None:
+            return
+        self._metrics.request_done(waiter.service, action.code)
+        self._events.record(
+            "reject",
+            f"request refused ({action.code}): {action.message}",
+            service=action.service,
+            data={"code": action.code, "retry_after": action.retry_after},
+        )
+
+    def note(self, action: Note) -> None:
+        if action.kind == "evict":
+            for victim in action.data.get("victims", []):
+                rt = self._runtimes.get(str(victim))
+                if rt is not None:
+                    rt.counters["evictions"] += 1
+        self._events.record(action.kind, action.message, service=action.service, data=action.data)
+
+    def resolve(self, action: Resolve) -> None:
+        self._tickets.answer(action)
+
+    # ---------------------------------------------------------- carrying them out
+
+    async def _start(self, rt: ServiceRuntime, action: Start) -> None:
+        if rt.instance.state is S.SLEEPING:
+            rt.counters["loads"] += 1
+            if action.wake and await self._sleep.wake(rt, action.reason):
+                return  # on_state has told the scheduler it is ready
+            reason = "could not be woken" if action.wake else "admitted on another device"
+            await self._sleep.stop_sleeper(rt, reason)
+        ledger = self._ledgers.ledger_view(action.device)
+        args = launch_args(
+            rt.name,
+            rt.spec,
+            port=free_loopback_port(),
+            device=action.device,
+            device_total=ledger.total if ledger else None,
+            set_cuda_device=self._probe.backend == "nvml",
+        )
+        rt.device = action.device
+        if not action.retry:
+            rt.peak = 0
+            rt.counters["loads"] += 1
+            self._events.record(
+                "load",
+                f"starting {rt.name} on device {action.device} ({action.reason})",
+                service=rt.name,
+                data={"device": action.device, "argv": args.argv, "port": args.port},
+            )
+
+        async def spawned(proc: Any) -> None:
+            rt.last_pids = (proc.pid,)
+            with self._store.session() as session:
+                rt.instance_id = queries.record_instance_spawn(
+                    session,
+                    service=rt.name,
+                    pid=proc.pid,
+                    pgid=proc.pgid,
+                    proc_start_time=proc.proc_start_time,
+                    port=args.port,
+                    device=action.device,
+                    started_at=self._clock.now(),
+                )
+
+        # A failed start needs nothing here: on_state has told the scheduler (backoff or
+        # failed) and recorded why.
+        with contextlib.suppress(StartFailed):
+            await rt.instance.start(
+                args.argv,
+                env=args.env,
+                cwd=args.cwd,
+                port=args.port,
+                health_url=args.health_url,
+                startup_timeout_s=rt.spec.startup_timeout,
+                on_spawned=spawned,
+            )
+
+    async def _stop(self, rt: ServiceRuntime, action: Stop) -> None:
+        if action.sleepable and rt.spec.sleep and await self._sleep.try_sleep(rt, action.reason):
+            self._feed(InstanceAsleep(rt.name))
+            return
+        pids = rt.last_pids
+        await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
+        await self.settle(rt, pids)
+
+    async def _stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
+        await self._sleep.stop_sleeper(rt, reason)
+        self._feed(InstanceStopped(rt.name))
+        if rt.retired:
+            self._runtimes.drop(rt)
+
+    async def settle(self, rt: ServiceRuntime, pids: tuple[int, ...]) -> None:
+        """Report the instance stopped once the probe shows its memory released."""
+        await rt.close_client()
+
+        async def released() -> bool:
+            return not pids or not await asyncio.to_thread(self._probe.holding, pids)
+
+        timeout = self._settle_timeout_s
+        if not await wait_settled(released, clock=self._clock, timeout_s=timeout):
+            self._events.record(
+                "settle-timeout",
+                f"{rt.name}: memory of pids {list(pids)} still held {timeout:g}s after exit; "
+                "admitting with fresh figures anyway",
+                service=rt.name,
+            )
+        rt.footprint = rt.host_bytes = 0
+        self._feed(InstanceStopped(rt.name))
+        if rt.retired:
+            self._runtimes.drop(rt)  # removed by a policy apply; now it is gone
+
+    # ------------------------------------------------------ instance transitions
+
+    def on_state(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
+        """Every instance transition: record it, and tell the scheduler what it means."""
+        inst = rt.instance
+        self._events.record(
+            "state",
+            f"{rt.name}: {old} -> {new} ({reason})",
+            service=rt.name,
+            instance_id=rt.instance_id,
+            data={"from": old.value, "to": new.value, "pid": inst.pid},
+        )
+        if old is S.BACKOFF and new is S.STARTING:
+            rt.counters["restarts"] += 1
+        if new is S.READY:
+            self._ready(rt, old)
+        elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
+            self._gone(rt, old, new, reason)
+
+    def _ready(self, rt: ServiceRuntime, old: S) -> None:
+        inst = rt.instance
+        assert inst.port is not None
+        cleared = rt.flags & INSTANCE_FLAGS if old is S.STARTING else set()
+        if cleared:
+            # Flags describe an instance; this one is new.
+            rt.flags -= cleared
+            self._events.record(
+                "flag-cleared",
+                f"{rt.name}: {', '.join(sorted(cleared))} cleared by a fresh instance",
+                service=rt.name,
+                data={"flags": sorted(cleared)},
+            )
+        rt.open_client(inst.port)
+        rt.watch = self._doctor.new_watch(rt)
+        if rt.oom_incident is not None:
+            self._doctor.verdict(rt, retry_succeeded=True)
+        rt.last_load_s = inst.load_s
+        if inst.load_s is not None and old is S.STARTING:
+            self._metrics.load_done(rt.name, inst.load_s)
+        self._sampler.record_ready(rt)
+        self._feed(InstanceReady(rt.name))
+
+    def _gone(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
+        inst = rt.instance
+        rt.watch = None
+        self._sampler.record_exit(rt, reason)
+        error = inst.last_error or reason
+        if old is S.STARTING and new is not S.STOPPED:
+            self._doctor.load_failed(rt, error, retrying=new is S.BACKOFF)
+        if new is S.BACKOFF:
+            self.tasks.spawn(rt.close_client(), f"close {rt.name}")
+            self._feed(InstanceBackoff(rt.name, error, retry_at=inst.backoff_due))
+        elif new is S.FAILED:
+            if inst.attempt > rt.spec.restart.max_retries:
+                rt.flags.add("crash-looping")
+            self.tasks.spawn(rt.close_client(), f"close {rt.name}")
+            self._feed(InstanceFailed(rt.name, error))
+        elif old is not S.STOPPING and not self.closing:
+            # It left on its own (exited while draining or asleep): settle, then report.
+            self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")

@@ -1,0 +1,143 @@
+"""Leases: the contract between the proxy and the kernel (DESIGN section 2).
+
+A request gets a ``Lease`` -- the right to send one request to one ready instance --
+from a ``LeaseProvider`` (the orchestrator), and gives it back exactly once with its
+``Outcome``. ``Waiters`` holds the requests waiting for their lease: the scheduler's
+``Grant`` and ``Reject`` actions resolve them, a client that goes away withdraws its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from service.errors import (
+    InsufficientCapacity,
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    RequestRejected,
+    RuntimeFailed,
+    WindowClosed,
+)
+
+# The scheduler's reject codes (``service.scheduler.actions``) as the errors the API maps.
+REJECTIONS: dict[str, type[RequestRejected]] = {
+    "queue_full": QueueFull,
+    "queue_timeout": QueueTimeout,
+    "insufficient_capacity": InsufficientCapacity,
+    "window_closed": WindowClosed,
+    "runtime_failed": RuntimeFailed,
+    "model_not_found": ModelNotFound,
+}
+
+
+class Outcome(enum.StrEnum):
+    """How a leased request ended, as reported to ``LeaseProvider.release``."""
+
+    OK = "ok"
+    UPSTREAM_ERROR = "upstream_error"  # the runtime answered 4xx/5xx
+    CLIENT_GONE = "client_gone"
+    RUNTIME_FAILED = "runtime_failed"  # unreachable, or died before the answer was whole
+    RUNTIME_TIMEOUT = "runtime_timeout"
+    PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
+
+
+@dataclass(slots=True)
+class Lease:
+    """The right to send one request to one ready runtime instance, until released."""
+
+    request_id: str
+    service: str
+    base_url: str  # the instance, e.g. "http://127.0.0.1:41234"
+    client: httpx.AsyncClient  # the instance's pooled client; owned by the orchestrator
+    upstream_model: str | None = None  # rewrite "model" to this before forwarding
+    queue_ms: float = 0.0  # time spent waiting (queue + load)
+    cold_start: bool = False  # the request waited for a load
+
+
+class LeaseProvider(Protocol):
+    """What the proxy needs from the orchestrator (the single owner of live state)."""
+
+    def resolve(self, model: str, route: str) -> str:
+        """The service serving ``model`` on ``route``.
+
+        Raises ModelNotFound (404), or InvalidRequest (400) when the service's kind does
+        not serve the route.
+        """
+        ...
+
+    async def acquire(
+        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+    ) -> Lease:
+        """Wait for a slot at a ready instance (queueing, loading as needed).
+
+        Raises ``RequestRejected`` subclasses (QueueFull, InsufficientCapacity, ...). If
+        the awaiting task is cancelled (the client went away) the provider withdraws the
+        request itself.
+        """
+        ...
+
+    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+        """Called exactly once per acquired lease, however the request ended.
+
+        ``error`` carries the upstream error text (body or message), so the orchestrator
+        can spot out-of-memory reports.
+        """
+        ...
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model name: ``[{"id", "service", "kind", "state"}, ...]``."""
+        ...
+
+
+@dataclass
+class Waiter:
+    """A request waiting for its lease."""
+
+    future: asyncio.Future[Lease]
+    service: str
+    arrived: float
+    cold: bool
+
+
+class Waiters:
+    """The requests waiting for a lease, by request id."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, Waiter] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def ids(self) -> list[str]:
+        return list(self._waiting)
+
+    def add(self, request_id: str, service: str, *, arrived: float, cold: bool) -> Waiter:
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        waiter = Waiter(future, service, arrived, cold)
+        self._waiting[request_id] = waiter
+        return waiter
+
+    def withdraw(self, request_id: str) -> Waiter | None:
+        """Take the waiter out (granted, refused, or its client went away)."""
+        return self._waiting.pop(request_id, None)
+
+    def refuse(self, request_id: str, error: RequestRejected) -> Waiter | None:
+        """Answer a waiter with ``error``; None if nobody waits under that id any more."""
+        waiter = self._waiting.pop(request_id, None)
+        if waiter is None or waiter.future.done():
+            return None
+        waiter.future.set_exception(error)
+        return waiter
+
+    def refuse_all(self, message: str, *, retry_after: float) -> None:
+        for request_id in list(self._waiting):
+            self.refuse(request_id, InsufficientCapacity(message, retry_after=retry_after))
+
+
+__all__ = ["REJECTIONS", "Lease", "LeaseProvider", "Outcome", "Waiter", "Waiters"]
