@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 import yaml
 
+from service.app import build_orchestrator
 from service.clock import SystemClock
 from service.devices import DeviceProbe, create_probe
-from service.app import build_orchestrator
 from service.orchestrator import Orchestrator
 from service.policy import load_policy
 from service.settings import Settings
