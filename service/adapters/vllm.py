@@ -41,11 +41,11 @@ from service.adapters.base import (
     SIGTERM_CLEAN_EXITS,
     TORCH_OOM_PATTERNS,
     BaseAdapter,
-    MetricSamples,
     RuntimeMetrics,
     as_count,
     as_ratio,
 )
+from service.adapters.prometheus import MetricSamples
 
 log = logging.getLogger("vramd.adapters.vllm")
 
