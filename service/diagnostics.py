@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,7 +52,6 @@ from service.domain import Flag
 from service.units import format_duration, format_size
 
 OomKind = Literal["fragmented", "capacity"]
-RetryDiagnosis = Literal["fragmentation", "capacity"]
 
 # Above this many points Theil-Sen uses an evenly spaced subset, so a caller that passes
 # a day of samples costs ~20k slopes rather than millions.
@@ -245,40 +243,6 @@ class OomDiagnosis:
         return Flag.FRAGMENTED if self.kind == "fragmented" else None
 
 
-def _p(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern, re.IGNORECASE)
-
-
-# Generic out-of-memory messages of CUDA, ROCm/HIP, Metal, Vulkan, llama.cpp/ggml, PyTorch
-# and the C/C++/Python runtimes. Adapters pass their own lists for runtime-specific
-# wording. These match on substance, not on context, so a counter such as
-# "out of memory errors: 0" or "failed to allocate port" matches too (see the tests).
-OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
-    # "CUDA out of memory", "CUDA error: out of memory", "HIP out of memory",
-    # CUDA_ERROR_OUT_OF_MEMORY, OutOfMemoryError, hipErrorOutOfMemory,
-    # kIOGPUCommandBufferCallbackErrorOutOfMemory, VK_ERROR_OUT_OF_DEVICE_MEMORY
-    _p(r"out[ _]?of[ _]?(?:device[ _]?)?memory"),
-    _p(r"\bcudaMalloc\w* failed"),
-    _p(r"cudaErrorMemoryAllocation"),
-    # cuBLAS/cuDNN/hipBLAS status codes: CUBLAS_STATUS_ALLOC_FAILED, ...
-    _p(r"_ALLOC_FAILED\b"),
-    # ggml: "failed to allocate CUDA0 buffer", "unable to allocate backend buffer",
-    # "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB ... failed"
-    _p(r"(?:failed|unable) to allocate"),
-    _p(r"\ballocating\b.*\bfailed\b"),
-    _p(r"\bcan(?:not|'t) allocate memory\b"),  # ENOMEM
-    _p(r"\bnot enough memory\b"),  # PyTorch's DefaultCPUAllocator, Windows
-    _p(r"\binsufficient memory\b"),  # Metal command buffer errors
-    _p(r"\bstd::bad_alloc\b"),
-    re.compile(r"\bMemoryError\b"),  # Python's host-memory exception, case as spelled
-)
-
-
-def is_oom_text(text: str, patterns: Sequence[re.Pattern[str]] = OOM_PATTERNS) -> bool:
-    """Does a log line or an error body say out-of-memory?"""
-    return any(p.search(text) for p in patterns)
-
-
 def recent_growth(
     samples: Sequence[Sample], *, horizon_s: float = 60.0, now: float | None = None
 ) -> int:
@@ -337,16 +301,6 @@ def diagnose_oom(
     else:
         reason = f"out of memory for lack of capacity ({figures})"
     return OomDiagnosis(kind, reason)
-
-
-def load_retry_verdict(*, retry_succeeded: bool) -> RetryDiagnosis:
-    """The diagnosis of a load that failed out-of-memory and was retried once after
-    evicting everything evictable (DESIGN section 5).
-
-    Success after freeing memory means the first failure was fragmentation or memory
-    held by competing pools; failure even then means the device lacks the capacity.
-    """
-    return "fragmentation" if retry_succeeded else "capacity"
 
 
 # --- over-cap -----------------------------------------------------------------------------

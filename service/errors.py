@@ -2,7 +2,6 @@
 
     VramdError
     ├── PolicyError            a policy file failed validation (carries every issue)
-    ├── ConfigError            settings or startup configuration is unusable
     ├── StoreError             the SQLite database cannot be opened or migrated
     ├── IllegalTransition      an instance state change not in domain.TRANSITIONS
     ├── ProbeError             a device probe cannot be created or read
@@ -29,10 +28,6 @@ from typing import ClassVar
 
 class VramdError(Exception):
     """Base of every error vramd raises on purpose."""
-
-
-class ConfigError(VramdError):
-    pass
 
 
 class StoreError(VramdError):

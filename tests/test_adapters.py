@@ -607,17 +607,10 @@ async def vllm_client(handler: Handler) -> AsyncIterator[tuple[httpx.AsyncClient
 
 def sleep_mode_server() -> Handler:
     """A vLLM started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1."""
-    state = {"sleeping": False}
 
     def handle(request: httpx.Request) -> httpx.Response:
-        if request.method == "POST" and request.url.path == "/sleep":
-            state["sleeping"] = True
+        if request.method == "POST" and request.url.path in ("/sleep", "/wake_up"):
             return httpx.Response(200)
-        if request.method == "POST" and request.url.path == "/wake_up":
-            state["sleeping"] = False
-            return httpx.Response(200)
-        if request.method == "GET" and request.url.path == "/is_sleeping":
-            return httpx.Response(200, json={"is_sleeping": state["sleeping"]})
         return httpx.Response(404, json={"detail": "Not Found"})
 
     return handle
@@ -625,18 +618,9 @@ def sleep_mode_server() -> Handler:
 
 async def test_sleep_and_wake_up_round_trip() -> None:
     async with vllm_client(sleep_mode_server()) as (client, seen):
-        assert await vllm_sleep.is_sleeping(client) is False
         assert await vllm_sleep.sleep(client) is True
-        assert await vllm_sleep.is_sleeping(client) is True
         assert await vllm_sleep.wake_up(client) is True
-        assert await vllm_sleep.is_sleeping(client) is False
-    assert seen == [
-        "GET /is_sleeping?",
-        "POST /sleep?level=1",
-        "GET /is_sleeping?",
-        "POST /wake_up?",
-        "GET /is_sleeping?",
-    ]
+    assert seen == ["POST /sleep?level=1", "POST /wake_up?"]
 
 
 async def test_sleep_level_two_and_partial_wake_up() -> None:
@@ -665,7 +649,6 @@ async def test_without_dev_mode_the_routes_are_404() -> None:
     async with vllm_client(not_dev_mode) as (client, _):
         assert await vllm_sleep.sleep(client) is False
         assert await vllm_sleep.wake_up(client) is False
-        assert await vllm_sleep.is_sleeping(client) is None
 
 
 async def test_server_errors_are_false_not_raised() -> None:
@@ -675,7 +658,6 @@ async def test_server_errors_are_false_not_raised() -> None:
     async with vllm_client(broken) as (client, _):
         assert await vllm_sleep.sleep(client) is False
         assert await vllm_sleep.wake_up(client) is False
-        assert await vllm_sleep.is_sleeping(client) is None
 
 
 async def test_connection_errors_are_false_not_raised() -> None:
@@ -685,7 +667,6 @@ async def test_connection_errors_are_false_not_raised() -> None:
     async with vllm_client(refused) as (client, _):
         assert await vllm_sleep.sleep(client) is False
         assert await vllm_sleep.wake_up(client) is False
-        assert await vllm_sleep.is_sleeping(client) is None
 
 
 async def test_timeouts_are_false_not_raised() -> None:
@@ -694,18 +675,4 @@ async def test_timeouts_are_false_not_raised() -> None:
 
     async with vllm_client(slow) as (client, _):
         assert await vllm_sleep.sleep(client) is False
-        assert await vllm_sleep.is_sleeping(client) is None
-
-
-@pytest.mark.parametrize(
-    "response",
-    [
-        httpx.Response(200, text="not json"),
-        httpx.Response(200, json=["is_sleeping"]),
-        httpx.Response(200, json={"is_sleeping": "yes"}),
-        httpx.Response(200, json={}),
-    ],
-)
-async def test_is_sleeping_unreadable_answers_are_none(response: httpx.Response) -> None:
-    async with vllm_client(lambda request: response) as (client, _):
-        assert await vllm_sleep.is_sleeping(client) is None
+        assert await vllm_sleep.wake_up(client) is False

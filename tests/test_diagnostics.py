@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from service.diagnostics import (
-    OOM_PATTERNS,
     CapWatch,
     CreepConfig,
     DeviceFree,
@@ -23,8 +22,6 @@ from service.diagnostics import (
     classify_oom,
     detect_creep,
     diagnose_oom,
-    is_oom_text,
-    load_retry_verdict,
     recent_growth,
     theil_sen_slope,
 )
@@ -427,94 +424,6 @@ def test_diagnose_oom_uses_growth_up_to_the_report() -> None:
         "out of memory for lack of capacity (device had 4GiB free, instance grew 600MiB "
         "in the last 1m, request needed 5GiB)"
     )
-
-
-OOM_LINES = [
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
-    "total capacity of 23.65 GiB of which 1.12 GiB is free.",
-    "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
-    "reported at some other API call, so the stacktrace below might be incorrect.",
-    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 0: "
-    "cudaMalloc failed: out of memory",
-    "ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 1073741824",
-    "llama_model_load: error loading model: unable to allocate backend buffer",
-    "llama_init_from_model: failed to initialize the context: failed to allocate buffer "
-    "for kv cache",
-    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 512.00 MiB.",
-    "rocBLAS error: HIP error: hipErrorOutOfMemory",
-    "ggml_metal_graph_compute: command buffer 0 failed with status 5\nerror: Insufficient "
-    "Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
-    "ggml_vulkan: Device memory allocation of size 4294967296 failed.\n"
-    "vk::Device::allocateMemory: ErrorOutOfDeviceMemory",
-    "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc",
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not "
-    "enough memory: you tried to allocate 17179869184 bytes.",
-    "OSError: [Errno 12] Cannot allocate memory",
-    "MemoryError: Unable to allocate 8.00 GiB for an array with shape (1073741824,)",
-    '{"error":{"code":500,"message":"CUDA error: out of memory","type":"server_error"}}',
-    "CUDA_ERROR_OUT_OF_MEMORY: cuMemAlloc failed",
-    "cudaErrorMemoryAllocation: out of memory",
-]
-
-NOT_OOM_LINES = [
-    "memory usage ok",
-    "llama_kv_cache: CUDA0 KV buffer size = 1024.00 MiB",
-    "load_tensors: offloaded 33/33 layers to GPU",
-    "srv  update_slots: all slots are idle",
-    'INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
-    "GPU memory: 5.1GiB used of 24GiB (free 18.9GiB)",
-    "freed 512MiB of cached memory",
-    "ggml_backend_cuda_buffer_type_alloc_buffer: allocated 4096.00 MiB on device 0",
-    "oom_score_adj set to 500",
-]
-
-# Honest about the generic patterns: they match words, not meaning.
-AMBIGUOUS_THAT_MATCH = [
-    "out of memory errors: 0",  # a counter, not an error
-    "failed to allocate port 8080 for the server",  # not memory at all
-    "retrying request 17 after a previous out of memory",  # a mention, not this failure
-]
-# And real OOMs they miss: adapters carry runtime-specific patterns, the supervisor sees
-# the OOM killer as a SIGKILL exit rather than as text.
-REAL_OOM_THAT_DO_NOT_MATCH = [
-    "ValueError: No available memory for the cache blocks. Try increasing "
-    "`gpu_memory_utilization` when initializing the engine.",  # vLLM
-    "Killed",  # the kernel's OOM killer, as a shell reports it
-]
-
-
-@pytest.mark.parametrize("line", OOM_LINES)
-def test_oom_lines_match(line: str) -> None:
-    assert is_oom_text(line)
-
-
-@pytest.mark.parametrize("line", NOT_OOM_LINES)
-def test_ordinary_lines_do_not_match(line: str) -> None:
-    assert not is_oom_text(line)
-
-
-@pytest.mark.parametrize("line", AMBIGUOUS_THAT_MATCH)
-def test_known_false_positives_of_the_generic_patterns(line: str) -> None:
-    assert is_oom_text(line)
-
-
-@pytest.mark.parametrize("line", REAL_OOM_THAT_DO_NOT_MATCH)
-def test_known_misses_of_the_generic_patterns(line: str) -> None:
-    assert not is_oom_text(line)
-
-
-def test_adapters_can_pass_their_own_patterns() -> None:
-    import re
-
-    vllm = (*OOM_PATTERNS, re.compile(r"No available memory for the cache blocks"))
-    assert is_oom_text(REAL_OOM_THAT_DO_NOT_MATCH[0], vllm)
-    assert not is_oom_text("CUDA out of memory", [])
-
-
-@pytest.mark.parametrize(("succeeded", "expected"), [(True, "fragmentation"), (False, "capacity")])
-def test_load_retry_verdict(succeeded: bool, expected: str) -> None:
-    assert load_retry_verdict(retry_succeeded=succeeded) == expected
 
 
 # --- over-cap -----------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Per-runtime knowledge: readiness, metrics, out-of-memory lines, clean exits, sleep.
 
 One module per runtime, each holding one adapter instance; ``base`` defines the
-``Adapter`` Protocol, ``RuntimeMetrics`` and the Prometheus parser they share, and
-``registry`` finds an adapter by name or from a command line::
+``Adapter`` Protocol and ``RuntimeMetrics``, ``prometheus`` the metrics parser they share,
+and ``registry`` finds an adapter by name or from a command line::
 
-    base.py             Adapter, BaseAdapter, RuntimeMetrics, parse_prometheus, find_oom
+    base.py             Adapter, BaseAdapter, RuntimeMetrics, find_oom, OOM pattern sets
+    prometheus.py       parse_prometheus, parse_samples, MetricSamples
     llamacpp.py         llama.cpp llama-server            "llama.cpp"
     llamacpp_python.py  python -m llama_cpp.server        "llama-cpp-python"
     vllm.py             vllm serve, + sleep/wake helpers  "vllm"
@@ -17,18 +18,11 @@ One module per runtime, each holding one adapter instance; ``base`` defines the
 Adapters do no I/O; the vLLM sleep helpers take the caller's ``httpx.AsyncClient``.
 """
 
-from service.adapters.base import (
-    Adapter,
-    BaseAdapter,
-    RuntimeMetrics,
-    Sample,
-    find_oom,
-    parse_prometheus,
-    parse_samples,
-)
+from service.adapters.base import Adapter, BaseAdapter, RuntimeMetrics, find_oom
 from service.adapters.generic import OPENAI
 from service.adapters.llamacpp import LLAMA_CPP
 from service.adapters.llamacpp_python import LLAMA_CPP_PYTHON
+from service.adapters.prometheus import Sample, parse_prometheus, parse_samples
 from service.adapters.registry import ADAPTERS, adapter_named, guess_adapter
 from service.adapters.sdcpp import SD_CPP
 from service.adapters.tei import TEI

@@ -21,11 +21,11 @@ from service.adapters.base import (
     GGML_OOM_PATTERNS,
     PYTHON_HOST_OOM_PATTERNS,
     BaseAdapter,
-    MetricSamples,
     RuntimeMetrics,
     as_count,
     as_ratio,
 )
+from service.adapters.prometheus import MetricSamples
 from service.adapters.tei import CANDLE_OOM_PATTERNS
 from service.adapters.vllm import KV_USAGE_NAMES, VLLM_OOM_PATTERNS
 

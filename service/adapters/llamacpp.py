@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from service.adapters.base import (
     GGML_OOM_PATTERNS,
     BaseAdapter,
-    MetricSamples,
     RuntimeMetrics,
     as_count,
     as_ratio,
 )
+from service.adapters.prometheus import MetricSamples
 
 # JSON "status" values older builds sent with a 2xx or 5xx that do not mean ready.
 _NOT_READY_STATUS = frozenset({"loading model", "loading", "error", "unavailable"})

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from service.adapters.base import (
     TORCH_OOM_PATTERNS,
     BaseAdapter,
-    MetricSamples,
     RuntimeMetrics,
     as_count,
 )
+from service.adapters.prometheus import MetricSamples
 
 CANDLE_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (re.compile(r"\bCUDA_ERROR_OUT_OF_MEMORY\b"),)
 

@@ -20,8 +20,8 @@ utilization", and the KV cache being too small for ``max_model_len``.
 Sleep mode: with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` the server can
 offload its weights to host memory and drop its KV cache (level 1) or drop both (level 2)
 without exiting, then wake in a fraction of a load's time. Without dev mode the routes
-do not exist (404); the helpers below then return ``False``/``None`` and the caller stops
-the instance instead.
+do not exist (404); the helpers below then return ``False`` and the caller stops the
+instance instead.
 
 Shutdown: uvicorn exits 0 on SIGTERM; during start-up vLLM turns SIGTERM into a
 KeyboardInterrupt, which can end in -2/130 as well.
@@ -41,11 +41,11 @@ from service.adapters.base import (
     SIGTERM_CLEAN_EXITS,
     TORCH_OOM_PATTERNS,
     BaseAdapter,
-    MetricSamples,
     RuntimeMetrics,
     as_count,
     as_ratio,
 )
+from service.adapters.prometheus import MetricSamples
 
 log = logging.getLogger("vramd.adapters.vllm")
 
@@ -133,20 +133,3 @@ async def wake_up(client: httpx.AsyncClient, *, tags: Sequence[str] = ()) -> boo
     """``POST /wake_up``; ``tags`` (``weights``, ``kv_cache``) wakes only those parts."""
     params = httpx.QueryParams([("tags", tag) for tag in tags])
     return await _post(client, "/wake_up", params)
-
-
-async def is_sleeping(client: httpx.AsyncClient) -> bool | None:
-    """``GET /is_sleeping`` → ``{"is_sleeping": bool}``; ``None`` when it cannot say."""
-    try:
-        response = await client.get("/is_sleeping")
-    except httpx.HTTPError as exc:
-        log.warning("vLLM /is_sleeping failed: %s", exc)
-        return None
-    if not response.is_success:
-        return None
-    try:
-        payload = response.json()
-    except ValueError:
-        return None
-    value = payload.get("is_sleeping") if isinstance(payload, dict) else None
-    return value if isinstance(value, bool) else None
