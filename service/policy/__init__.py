@@ -24,6 +24,7 @@ scheduler and the bench can use it. Its parts::
     placeholders.py  ${PORT}, ${CAP_MIB}, ...: the known names and their expansion
 """
 
+from service.cron import check_cron
 from service.policy.diff import RESTART_FIELDS, PolicyDiff, ServiceChange, diff_policies
 from service.policy.load import load_policy
 from service.policy.placeholders import (
@@ -58,7 +59,6 @@ from service.policy.schema import (
     Service,
     Size,
     Window,
-    check_cron,
     policy_json_schema,
 )
 

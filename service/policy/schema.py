@@ -10,7 +10,6 @@ name the key and line. The class names are the ``$defs`` of ``vramd schema``.
 
 from __future__ import annotations
 
-import zoneinfo
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -25,6 +24,7 @@ from pydantic import (
     field_validator,
 )
 
+from service.cron import check_cron, check_timezone
 from service.domain import OnCap, Residency, ServiceKind
 from service.policy.protect import Protect
 from service.units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
@@ -193,12 +193,7 @@ class Window(_Strict):
     @field_validator("timezone")
     @classmethod
     def _valid_timezone(cls, value: str) -> str:
-        try:
-            zoneinfo.ZoneInfo(value)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f"unknown time zone {value!r} (use an IANA name such as UTC)"
-            ) from None
+        check_timezone(value)
         return value
 
 
@@ -232,19 +227,6 @@ class Policy(_Strict):
             if model in service.models:
                 return name
         return None
-
-
-def check_cron(expression: str) -> None:
-    """Raise ``ValueError`` unless ``expression`` is a valid five-field cron line."""
-    from service.maintenance import cron_trigger
-
-    try:
-        cron_trigger(expression)
-    except ValueError as exc:
-        message = str(exc)
-        if message.startswith("cron must have"):
-            raise
-        raise ValueError(f"invalid cron {expression!r}: {message}") from None
 
 
 def policy_json_schema() -> dict[str, Any]:
