@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from service.adapter_names import SLEEP_ADAPTERS, canonical_name, guess_name
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
@@ -282,10 +283,8 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
 
 
 def _supports_sleep(service: Service) -> bool:
-    from service.adapters import adapter_named, guess_adapter
-
-    adapter = adapter_named(service.adapter) if service.adapter else guess_adapter(service.command)
-    return adapter.supports_sleep
+    name = canonical_name(service.adapter) if service.adapter else guess_name(service.command)
+    return name in SLEEP_ADAPTERS
 
 
 def _window_checks(policy: Policy, add: Callable[..., None], written: set[str]) -> None:

@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
 )
 
+from service.adapter_names import canonical_name
 from service.cron import check_cron, check_timezone
 from service.domain import OnCap, Residency, ServiceKind
 from service.policy.protect import Protect
@@ -160,9 +161,7 @@ class Service(_Strict):
     @classmethod
     def _known_adapter(cls, value: str | None) -> str | None:
         if value is not None:
-            from service.adapters import adapter_named
-
-            adapter_named(value)  # ValueError naming the known runtimes
+            canonical_name(value)  # ValueError naming the known runtimes
         return value
 
     @field_validator("health", "metrics")
