@@ -14,8 +14,10 @@ Extensions to the contract (the contract's form keeps working):
 - ``${PYTHON}``: the interpreter running vramd, so a policy can start Python runtimes
   (such as the demo runtime) from the daemon's own virtual environment.
 
-The package is values only: it imports no process, scheduler or HTTP code, so the pure
-scheduler and the bench can use it. Its parts::
+The package is values only: it imports no process, job or HTTP code, so the pure
+scheduler and the bench can use it. Cron lines are checked by ``service.cron`` and
+runtime names by ``service.adapter_names``, the same code the maintenance jobs and the
+adapter registry use (a test in tests/test_policy.py holds the import edges). Its parts::
 
     schema.py        the pydantic models (Policy, Service, Window, ...) and field checks
     load.py          load_policy: YAML text -> Policy, line-numbered errors, cross checks
