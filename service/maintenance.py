@@ -6,7 +6,8 @@ APScheduler jobs are derived from them at startup and whenever a policy is appli
 never pickled into the database. A job only *posts* to the orchestrator ("window W
 opened"); what a window does (restart flagged services by draining them, let
 window-only services load, stop those when it closes) is decided there, with the
-scheduler, like every other change.
+scheduler, like every other change. Cron lines are read by ``service.cron``, the same
+code the policy checks them with.
 """
 
 from __future__ import annotations
@@ -15,75 +16,15 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 
 from service.clock import Clock
+from service.cron import cron_trigger, next_fire_time
 
 log = logging.getLogger("vramd.maintenance")
-
-_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-
-
-def cron_trigger(expression: str, timezone: str = "UTC") -> CronTrigger:
-    """A five-field cron line as an APScheduler trigger, with cron's weekday numbers.
-
-    APScheduler numbers weekdays from Monday = 0; cron from Sunday = 0 (7 too). Handing
-    ``30 3 * * 0`` to ``CronTrigger.from_crontab`` would fire on Mondays, so the weekday
-    field is translated to names first. Raises ``ValueError`` for a malformed line.
-    Like APScheduler (and unlike Vixie cron), a restricted day-of-month AND day-of-week
-    must both match.
-    """
-    fields = expression.split()
-    if len(fields) != 5:
-        raise ValueError(
-            f"cron must have five fields (minute hour day month weekday), got {expression!r}"
-        )
-    minute, hour, day, month, weekday = fields
-    return CronTrigger(
-        minute=minute,
-        hour=hour,
-        day=day,
-        month=month,
-        day_of_week=cron_weekdays(weekday),
-        timezone=ZoneInfo(timezone),
-    )
-
-
-def cron_weekdays(field: str) -> str:
-    """Cron's weekday field (0/7 = Sunday, names, ranges, steps) as APScheduler names."""
-    days: set[int] = set()
-    for part in field.lower().split(","):
-        span, _, step_text = part.partition("/")
-        step = _number(step_text, 1, 7) if step_text else 1
-        if step < 1:
-            raise ValueError(f"invalid weekday step in {field!r}")
-        if span == "*":
-            first, last = 0, 6
-        else:
-            start, _, end = span.partition("-")
-            first = _weekday(start, field)
-            last = _weekday(end, field) if end else (6 if step_text else first)
-            if last < first:  # e.g. 5-0: Friday to Sunday (cron writes Sunday as 7 too)
-                last += 7
-        days.update(d % 7 for d in range(first, last + 1, step))
-    return ",".join(_WEEKDAYS[d] for d in sorted(days))
-
-
-def _weekday(text: str, field: str) -> int:
-    if text in _WEEKDAYS:
-        return _WEEKDAYS.index(text)
-    day = _number(text, 0, 7)
-    if day < 0:
-        raise ValueError(f"invalid weekday {text!r} in {field!r} (use 0-7 or sun..sat)")
-    return day
-
-
-def _number(text: str, low: int, high: int) -> int:
-    return int(text) if text.isdigit() and low <= int(text) <= high else -1
 
 
 @dataclass(frozen=True)
@@ -150,9 +91,7 @@ class Maintenance:
             return spec.start_at
         if spec.cron is None:
             return None
-        since = datetime.fromtimestamp(now - spec.duration_s, UTC)
-        fire = cron_trigger(spec.cron, spec.timezone).get_next_fire_time(None, since)
-        return float(fire.timestamp()) if fire is not None else None
+        return next_fire_time(spec.cron, spec.timezone, since=now - spec.duration_s)
 
     def shutdown(self) -> None:
         if self._scheduler is not None and self._scheduler.running:

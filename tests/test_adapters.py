@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.adapter_names import ADAPTER_NAMES, ALIASES, SLEEP_ADAPTERS
 from service.adapters import (
     ADAPTERS,
     LLAMA_CPP,
@@ -339,6 +340,14 @@ def test_every_adapter_is_registered_under_its_name() -> None:
         assert adapter.oom_patterns, name
         assert 0 in adapter.clean_exit_codes
         assert adapter.supports_sleep is (name == "vllm")
+
+
+def test_the_policys_names_are_the_registrys() -> None:
+    # The policy checks adapter: and sleep: with service.adapter_names, which imports no
+    # adapter; the two lists must not drift apart.
+    assert tuple(ADAPTERS) == ADAPTER_NAMES
+    assert {name for name, adapter in ADAPTERS.items() if adapter.supports_sleep} == SLEEP_ADAPTERS
+    assert set(ALIASES.values()) <= set(ADAPTER_NAMES)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.maintenance import Maintenance, OpenWindow, WindowSpec, cron_trigger, cron_weekdays
+from service.cron import cron_trigger, cron_weekdays, next_fire_time
+from service.maintenance import Maintenance, OpenWindow, WindowSpec
 from service.policy import check_cron
 
 
@@ -41,6 +42,14 @@ def test_sunday_means_sunday() -> None:
     fire = cron_trigger("30 3 * * 0").get_next_fire_time(None, after)
     assert fire is not None and fire.date().isoformat() == "2026-12-06"
     assert fire.strftime("%A") == "Sunday"
+
+
+def test_next_fire_time_counts_in_the_window_time_zone() -> None:
+    # 03:30 in Paris on Sunday 2026-12-06 (winter time, UTC+1) is 02:30 UTC.
+    since = datetime(2026, 12, 5, 12, 0, tzinfo=UTC).timestamp()
+    fire = next_fire_time("30 3 * * 0", "Europe/Paris", since)
+    assert fire == datetime(2026, 12, 6, 2, 30, tzinfo=UTC).timestamp()
+    assert next_fire_time("30 3 * * 0", "Europe/Paris", fire) == fire  # at or after
 
 
 def test_policy_cron_check_uses_the_same_numbering() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -737,3 +739,34 @@ def test_a_protect_change_applies_in_place() -> None:
     new = load_policy(one_service(residency="warm", protect="1m"))
     (change,) = diff_policies(old, new).changed
     assert change.fields == {"protect": (600.0, 60.0)} and change.restart is False
+
+
+# --- import edges ----------------------------------------------------------------------
+
+# What the policy and the pure scheduler may reach inside service/: values only (DESIGN
+# section 2, "values stay values"). No maintenance jobs, adapters, processes or kernel.
+VALUE_MODULES = ("domain", "errors", "units", "yamlpos", "cron", "adapter_names")
+_IMPORT_PROBE = """
+import pathlib, sys
+import service.policy, service.scheduler
+for path in sys.argv[1:]:
+    service.policy.load_policy(pathlib.Path(path).read_text())
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_loading_a_policy_imports_only_values() -> None:
+    # A fresh interpreter: this one has imported the whole daemon already. Loading every
+    # shipped policy also runs the validators and cross-field checks (sleep, cron).
+    argv = [sys.executable, "-c", _IMPORT_PROBE, *map(str, CONFIGS)]
+    probe = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    modules = set(probe.stdout.split())
+    ours = {name for name in modules if name.startswith("service.")}
+    allowed = {f"service.{name}" for name in VALUE_MODULES}
+    beyond = {
+        name
+        for name in ours - allowed
+        if not name.startswith(("service.policy", "service.scheduler"))
+    }
+    assert not beyond, f"the policy reaches live code: {sorted(beyond)}"
+    assert not {"httpx", "apscheduler.schedulers", "sqlalchemy", "fastapi"} & modules

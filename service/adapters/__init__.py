@@ -15,7 +15,9 @@ and ``registry`` finds an adapter by name or from a command line::
     generic.py          any OpenAI-compatible server      "openai"
     registry.py         adapter_named, guess_adapter
 
-Adapters do no I/O; the vLLM sleep helpers take the caller's ``httpx.AsyncClient``.
+Adapters do no I/O; the vLLM sleep helpers take the caller's ``httpx.AsyncClient``. The
+names alone, and the guess from a command line, are ``service.adapter_names``: values
+the policy reads without importing this package.
 """
 
 from service.adapters.base import Adapter, BaseAdapter, RuntimeMetrics, find_oom

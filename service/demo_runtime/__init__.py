@@ -1,0 +1,44 @@
+"""A stand-in OpenAI-compatible model runtime: what the demo policy and the tests run.
+
+vramd supervises runtimes such as llama.cpp's ``llama-server`` or vLLM as child processes.
+This package is one it can run anywhere, without a GPU or model weights, while still
+behaving like the real thing where vramd can see it: it listens at once but answers
+``/health`` with 503 until it has "loaded", it holds real, touched memory (so host memory
+probes measure it), it serves the OpenAI routes of every kind, and it exposes llama.cpp's
+Prometheus metrics. Flags make it misbehave on cue, so races and failures in tests are
+deterministic rather than hoped for.
+
+Run it as ``python -m service.demo_runtime --port P [flags]`` (the flags are listed in
+``options``, and by ``--help``). It imports only the standard library and
+``service.units`` so that it starts in a few tens of milliseconds. Its parts::
+
+    options.py   the command line: every flag, parsed into one frozen Options
+    memory.py    real, touched memory, and forked helpers that hold their own
+    state.py     Runtime: what the handler threads share (readiness, counters, leaks,
+                 sleep), and the llama.cpp-style metrics drawn from it
+    replies.py   Reply and ApiError: an answer, or an error in OpenAI's shape
+    bodies.py    request bodies: JSON, multipart/form-data
+    routes.py    the inference routes: chat, completions, embeddings, images, audio, rerank
+    media.py     the tiny PNG and WAV files those routes answer with
+    server.py    the HTTP server and its handler: reading, misbehaving, replying, streaming
+    log.py       whole lines to stdout and stderr, as a supervisor tails them
+    process.py   main: fail at start, or listen, load, and wait for a signal
+"""
+
+from service.demo_runtime.bodies import parse_multipart, parse_payload
+from service.demo_runtime.media import tiny_png, tiny_wav
+from service.demo_runtime.options import Options, parse_args
+from service.demo_runtime.process import main
+from service.demo_runtime.routes import ROUTES, reply_pieces
+
+__all__ = [
+    "ROUTES",
+    "Options",
+    "main",
+    "parse_args",
+    "parse_multipart",
+    "parse_payload",
+    "reply_pieces",
+    "tiny_png",
+    "tiny_wav",
+]

@@ -1,0 +1,105 @@
+"""The demo runtime's flags: a stand-in OpenAI-compatible runtime that misbehaves on cue.
+
+Run it as ``python -m service.demo_runtime --port P [flags]``. It runs anywhere, without
+a GPU or model weights; ``parse_args`` turns the flags below into one frozen ``Options``.
+
+Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
+
+    --port N                 port to listen on (required)
+    --host H                 address to listen on (default 127.0.0.1)
+    --model NAME             model name served; repeatable or comma-separated (default demo)
+    --memory SIZE            memory to allocate and touch while loading (default 0)
+    --load-seconds S         time from start until /health answers 200 (default 0)
+    --never-ready            listen, but /health stays 503 forever
+    --fail-start             print a CUDA out-of-memory error to stderr and exit 1
+    --ignore-sigterm         ignore SIGTERM; only SIGKILL ends the process
+    --crash-after N          os._exit(3) part-way through inference request N (1-based)
+    --oom-after N            answer inference requests N and later with a CUDA OOM 500
+    --hang                   /health is fine but inference requests never answer
+    --leak-per-request SIZE  each inference request allocates SIZE that is never freed
+    --leak-limit SIZE        stop leaking once this much has leaked (a plateau)
+    --sleep-mode             vLLM's dev-mode sleep routes: POST /sleep?level=1 frees
+                             --memory (the "weights" leave the device), POST /wake_up
+                             takes it back, GET /is_sleeping says which
+    --latency-ms MS          added latency before each inference reply (default 0)
+    --chunks N               words per reply, one per streamed chunk (default 5)
+    --chunk-delay-ms MS      delay between streamed chunks (default 20)
+    --workers N              fork N helper processes, as multi-process runtimes do
+    --worker-memory SIZE     memory each helper allocates and touches (default 0)
+
+Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/completions,
+/v1/completions, /v1/embeddings, /v1/images/generations, /v1/images/edits,
+/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech and /v1/rerank. Other
+routes: GET /health, GET /v1/models, GET /metrics. It logs a startup line and one line per
+request (``METHOD PATH STATUS``) to stdout. SIGTERM or SIGINT stops it with exit code 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from service.units import parse_size
+
+
+@dataclass(frozen=True)
+class Options:
+    port: int
+    host: str = "127.0.0.1"
+    models: tuple[str, ...] = ("demo",)
+    memory: int = 0
+    load_seconds: float = 0.0
+    never_ready: bool = False
+    fail_start: bool = False
+    ignore_sigterm: bool = False
+    crash_after: int | None = None
+    oom_after: int | None = None
+    hang: bool = False
+    leak_per_request: int = 0
+    leak_limit: int | None = None
+    latency_ms: float = 0.0
+    chunks: int = 5
+    chunk_delay_ms: float = 20.0
+    workers: int = 0
+    worker_memory: int = 0
+    sleep_mode: bool = False
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # argparse reports ArgumentTypeError messages verbatim
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(
+        prog="python -m service.demo_runtime",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", dest="models", action="append", default=[])
+    p.add_argument("--memory", type=_size, default=0)
+    p.add_argument("--load-seconds", type=float, default=0.0)
+    p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--fail-start", action="store_true")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--crash-after", type=int)
+    p.add_argument("--oom-after", type=int)
+    p.add_argument("--hang", action="store_true")
+    p.add_argument("--leak-per-request", type=_size, default=0)
+    p.add_argument("--leak-limit", type=_size)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--chunks", type=int, default=5)
+    p.add_argument("--chunk-delay-ms", type=float, default=20.0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--worker-memory", type=_size, default=0)
+    p.add_argument("--sleep-mode", action="store_true")
+    ns = vars(p.parse_args(argv))
+    names = [name.strip() for item in ns.pop("models") for name in item.split(",")]
+    ns["models"] = tuple(name for name in names if name) or ("demo",)
+    if ns["chunks"] < 1:
+        p.error("--chunks must be at least 1")
+    return Options(**{f.name: ns[f.name] for f in fields(Options)})

@@ -1,0 +1,209 @@
+"""The HTTP side: a threading server and the handler that reads, misbehaves and replies.
+
+The handler is where the misbehaviour flags act on a request: ``--hang`` never answers,
+``--latency-ms`` waits, ``--leak-per-request`` leaks, ``--oom-after`` answers with a
+CUDA out-of-memory error and ``--crash-after`` exits part-way through the reply. Bodies
+arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
+as chunked SSE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NoReturn
+
+from service.demo_runtime.bodies import parse_payload
+from service.demo_runtime.log import log
+from service.demo_runtime.memory import MIB
+from service.demo_runtime.replies import ApiError, Reply, json_reply
+from service.demo_runtime.routes import ROUTES, Route, count_words
+from service.demo_runtime.state import Runtime
+
+MAX_BODY = 64 * MIB
+CRASH_AFTER_CHUNKS = 2  # a streamed --crash-after request dies after this many events
+CRASH_EXIT_CODE = 3
+STARTED = int(time.time())
+
+
+class DemoServer(ThreadingHTTPServer):
+    daemon_threads = True  # a hung or streaming handler must not hold up exit
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        if ":" in runtime.opts.host:
+            self.address_family = socket.AF_INET6
+        super().__init__((runtime.opts.host, runtime.opts.port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client hanging up mid-reply is routine, not worth a traceback
+        super().handle_error(request, client_address)
+
+
+class Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 so pooled clients can reuse connections; every reply sets Content-Length
+    # or uses chunked encoding.
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out as separate writes; without TCP_NODELAY a client that
+    # delays its ACK stalls ~40 ms per response (Nagle), which no real server does.
+    disable_nagle_algorithm = True
+    server_version = "demo-runtime/1"
+    server: DemoServer
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.server.runtime
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            ready = self.runtime.ready.is_set()
+            self._send(json_reply({"status": "ok" if ready else "loading"}, 200 if ready else 503))
+        elif path in ("/v1/models", "/models"):
+            data = [
+                {"id": name, "object": "model", "created": STARTED, "owned_by": "demo"}
+                for name in self.runtime.opts.models
+            ]
+            self._send(json_reply({"object": "list", "data": data}))
+        elif path == "/is_sleeping" and self.runtime.opts.sleep_mode:
+            self._send(json_reply({"is_sleeping": self.runtime.sleeping}))
+        elif path == "/metrics":
+            text = self.runtime.metrics().encode()
+            self._send(Reply(body=text, content_type="text/plain; version=0.0.4"))
+        elif path in ROUTES:
+            self._send(ApiError(405, f"use POST for {path}").reply())
+        else:
+            self._send(ApiError(404, f"no route {path}", "not_found_error").reply())
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._read_body()
+            if self.runtime.opts.sleep_mode and path in ("/sleep", "/wake_up"):
+                (self.runtime.sleep if path == "/sleep" else self.runtime.wake)()
+                log(f"{path.lstrip('/')} done")
+                self._send(Reply(status=200, body=b""))
+                return
+            route = ROUTES.get(path)
+            if route is None:
+                raise ApiError(404, f"no route {path}", "not_found_error")
+            payload = parse_payload(body, self.headers.get("Content-Type", ""))
+            if not self.runtime.ready.is_set():
+                raise ApiError(503, "Loading model", "unavailable_error")
+            if self.runtime.sleeping:
+                raise ApiError(503, "the engine is sleeping; POST /wake_up", "unavailable_error")
+            self._infer(route, payload)
+        except ApiError as err:
+            self._send(err.reply())
+
+    def _infer(self, route: Route, payload: dict[str, Any]) -> None:
+        runtime, opts = self.runtime, self.runtime.opts
+        tokens = count_words(payload)
+        number = runtime.begin(tokens)
+        try:
+            if opts.hang:
+                threading.Event().wait()  # never set: a runtime wedged inside a kernel
+            if opts.latency_ms > 0:
+                time.sleep(opts.latency_ms / 1000)
+            runtime.leak()
+            if opts.oom_after is not None and number >= opts.oom_after:
+                message = "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; demo runtime)"
+                log(f"torch.OutOfMemoryError: {message}", sys.stderr)
+                raise ApiError(500, message, "server_error")
+            self._send(route(payload, opts), crash=opts.crash_after == number)
+        finally:
+            runtime.end(tokens)
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        length = self.headers.get("Content-Length")
+        if length is None or not length.strip().isdigit():
+            self.close_connection = True  # the body's end is unknown, so the stream is lost
+            raise ApiError(411 if length is None else 400, "a valid Content-Length is required")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise ApiError(413, f"body over {MAX_BODY} bytes")
+        return self.rfile.read(int(length))
+
+    def _read_chunked(self) -> bytes:
+        # Proxies forward streamed bodies this way; llama.cpp's server accepts them too.
+        parts, total = [], 0
+        while True:
+            line = self.rfile.readline(1024).split(b";", 1)[0].strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                size = -1
+            if size < 0:  # int() also accepts a sign
+                self.close_connection = True
+                raise ApiError(400, "malformed chunked body")
+            total += size
+            if total > MAX_BODY:
+                self.close_connection = True
+                raise ApiError(413, f"body over {MAX_BODY} bytes")
+            if size == 0:
+                break
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()  # the CRLF after each chunk
+        while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+            pass  # trailers
+        return b"".join(parts)
+
+    def _send(self, reply: Reply, *, crash: bool = False) -> None:
+        if reply.events is not None:
+            self._send_stream(reply.events, crash=crash)
+            return
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if crash:
+            self.wfile.write(reply.body[: len(reply.body) // 2])
+            self._crash()
+        self.wfile.write(reply.body)
+
+    def _send_stream(self, events: list[dict[str, Any]], *, crash: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for index, event in enumerate(events):
+            if index:
+                time.sleep(self.runtime.opts.chunk_delay_ms / 1000)
+            if crash and index == CRASH_AFTER_CHUNKS:
+                self._crash()
+            self._write_chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+        if crash:
+            self._crash()
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")  # the zero-length chunk that ends the body
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _crash(self) -> NoReturn:
+        log(f"demo_runtime: crashing mid-response (--crash-after {self.runtime.opts.crash_after})")
+        log("Segmentation fault (simulated)", sys.stderr)
+        os._exit(CRASH_EXIT_CODE)  # no cleanup, no flushing of sockets: like a real crash
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server calls this for malformed requests and unknown methods; keep it JSON.
+        self.close_connection = True
+        self._send(ApiError(code, message or HTTPStatus(code).phrase).reply())
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        log(f"{self.command or '-'} {getattr(self, 'path', '-')} {int(code)}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log(f"demo_runtime: {format % args}", sys.stderr)

@@ -1,0 +1,102 @@
+"""What the handler threads share: readiness, request counters, leaked memory, sleep.
+
+One ``Runtime`` per process. Its counters feed the ``/metrics`` page, under the names
+llama.cpp's server publishes (``llamacpp:kv_cache_usage_ratio`` and the rest).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+from service.demo_runtime.memory import touch_memory
+from service.demo_runtime.options import Options
+
+CONTEXT_TOKENS = 4096  # the pretend KV cache size behind the llamacpp:kv_cache_* metrics
+
+
+class Runtime:
+    """State shared by the handler threads; counters change under one lock."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.ready = threading.Event()
+        self.memory: mmap.mmap | None = None
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._in_flight = 0
+        self._kv_tokens = 0  # held by requests in flight
+        self._kv_cached = 0  # kept after a request ends, as llama.cpp keeps a slot's prompt
+        self._prompt_tokens = 0
+        self._predicted_tokens = 0
+        self._leaked: list[mmap.mmap] = []
+        self._leaked_bytes = 0
+        self.sleeping = False
+
+    def sleep(self) -> None:
+        """vLLM level-1 sleep, as far as memory goes: the --memory block is given back."""
+        with self._lock:
+            block, self.memory = self.memory, None
+            self.sleeping = True
+        if block is not None:
+            block.close()
+
+    def wake(self) -> None:
+        block = touch_memory(self.opts.memory)
+        with self._lock:
+            self.memory = block
+            self.sleeping = False
+
+    def begin(self, tokens: int) -> int:
+        """Account for an inference request; returns its 1-based number."""
+        with self._lock:
+            self._requests += 1
+            self._in_flight += 1
+            self._kv_tokens += tokens + self.opts.chunks
+            self._prompt_tokens += tokens
+            self._predicted_tokens += self.opts.chunks
+            return self._requests
+
+    def end(self, tokens: int) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._kv_tokens -= tokens + self.opts.chunks
+            self._kv_cached = tokens + self.opts.chunks
+
+    def leak(self) -> None:
+        """Allocate --leak-per-request bytes for good, up to --leak-limit."""
+        with self._lock:
+            size = self.opts.leak_per_request
+            if self.opts.leak_limit is not None:
+                size = min(size, self.opts.leak_limit - self._leaked_bytes)
+            if size <= 0:
+                return
+            self._leaked_bytes += size  # reserve now; touch outside the lock
+        block = touch_memory(size)
+        with self._lock:
+            if block is not None:
+                self._leaked.append(block)
+
+    def metrics(self) -> str:
+        """Prometheus text with the names llama.cpp's server uses."""
+        with self._lock:
+            kv_tokens = min(self._kv_tokens + self._kv_cached, CONTEXT_TOKENS)
+            rows = [
+                ("prompt_tokens_total", "counter", "prompt tokens processed", self._prompt_tokens),
+                ("tokens_predicted_total", "counter", "tokens generated", self._predicted_tokens),
+                (
+                    "kv_cache_usage_ratio",
+                    "gauge",
+                    "KV-cache usage, 1 = full",
+                    kv_tokens / CONTEXT_TOKENS,
+                ),
+                ("kv_cache_tokens", "gauge", "KV-cache tokens", kv_tokens),
+                ("requests_processing", "gauge", "requests processing", self._in_flight),
+                ("requests_deferred", "gauge", "requests deferred", 0),
+            ]
+        lines = []
+        for name, kind, description, value in rows:
+            metric = f"llamacpp:{name}"
+            lines += [f"# HELP {metric} {description}", f"# TYPE {metric} {kind}"]
+            lines.append(f"{metric} {value}")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,236 @@
+"""The policy's pydantic models: the shape of every section, and per-field validation.
+
+Each model rejects unknown keys and validates its defaults, so a typo is an error rather
+than a silently ignored key. Sizes and durations accept ``6GiB`` and ``90s`` as well as
+numbers (``service.units``). What a single field can check is checked here; checks that
+span fields or sections (a model served twice, a cap below its estimate, a window naming
+a missing service) live in ``load``, which also turns pydantic's errors into ones that
+name the key and line. The class names are the ``$defs`` of ``vramd schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+)
+
+from service.adapter_names import canonical_name
+from service.cron import check_cron, check_timezone
+from service.domain import OnCap, Residency, ServiceKind
+from service.policy.protect import Protect
+from service.units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+MAX_WINDOW_S = 31 * 86400.0  # a maintenance window longer than a month is a mistake
+
+Size = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}], "description": SIZE_HINT}
+    ),
+]
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}],
+            "description": DURATION_HINT,
+        }
+    ),
+]
+Name = Annotated[StrictStr, Field(pattern=NAME_PATTERN)]
+ModelName = Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r"^[^\s\x00-\x1f]+$")]
+GpuIndex = Annotated[StrictInt, Field(ge=0, le=63)]
+
+
+def _url_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be a URL path starting with '/', got {value!r}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ServerConfig(_Strict):
+    host: StrictStr = "127.0.0.1"
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 8400
+    database: StrictStr = "data/vramd.db"
+    api_keys: list[Annotated[StrictStr, Field(min_length=8)]] = []
+    admin_keys: list[Annotated[StrictStr, Field(min_length=8)]] = []
+    max_json_body: Size = 4 * 1024**2
+    max_upload_body: Size = 64 * 1024**2
+    # How long a runtime may take to start answering a request (504 runtime_timeout
+    # after), and the longest silence allowed once a (streamed) answer has started.
+    request_timeout: Annotated[Duration, Field(gt=0)] = 600.0
+    stream_idle_timeout: Annotated[Duration, Field(gt=0)] = 300.0
+
+
+class DeviceConfig(_Strict):
+    backend: Literal["auto", "nvml", "host"] = "auto"
+    gpus: Literal["all"] | list[GpuIndex] = "all"
+    budget: Size | None = None
+    headroom: Size = 1024**3
+    sample_interval: Annotated[Duration, Field(gt=0)] = 1.0
+
+
+class QueueConfig(_Strict):
+    max: Annotated[StrictInt, Field(ge=0, le=100_000)] = 64
+    timeout: Annotated[Duration, Field(gt=0)] = 120.0
+
+
+class RestartConfig(_Strict):
+    max_retries: Annotated[StrictInt, Field(ge=0, le=1000)] = 5
+    backoff: Annotated[Duration, Field(gt=0)] = 2.0
+    max_backoff: Annotated[Duration, Field(gt=0)] = 120.0
+
+
+class MemoryConfig(_Strict):
+    estimate: Size
+    cap: Size | None = None
+    on_cap: OnCap = OnCap.RESTART
+
+
+class Defaults(_Strict):
+    startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
+    stop_timeout: Duration = 15.0
+    idle_ttl: Duration = 900.0
+    max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
+    queue: QueueConfig = QueueConfig()
+    restart: RestartConfig = RestartConfig()
+    priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
+    health: StrictStr = "/health"
+    env: dict[StrictStr, StrictStr] = {}
+    gpus: list[GpuIndex] | None = None
+    # Unset: each residency's own default (DEFAULT_PROTECT_S).
+    protect: Protect | None = None
+
+    # Checked here too, so a bad default is reported once at defaults.health rather
+    # than once per service it is merged into.
+    @field_validator("health")
+    @classmethod
+    def _is_path(cls, value: str) -> str:
+        return _url_path(value)
+
+
+class Service(_Strict):
+    kind: ServiceKind
+    models: Annotated[list[ModelName], Field(min_length=1)]
+    command: Annotated[list[StrictStr], Field(min_length=1)]
+    env: dict[StrictStr, StrictStr] = {}
+    cwd: StrictStr | None = None
+    health: StrictStr = "/health"
+    metrics: StrictStr | None = None
+    upstream_model: StrictStr | None = None
+    # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
+    # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
+    # sd.cpp, tei, openai.
+    adapter: StrictStr | None = None
+    # vLLM sleep mode (server started with --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1):
+    # evict by putting it to sleep (weights to host memory) and wake it for a request.
+    sleep: StrictBool = False
+    memory: MemoryConfig
+    residency: Residency = Residency.ON_DEMAND
+    preload: StrictBool = False
+    priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
+    # None until resolved: load_policy fills in the effective TTL per residency.
+    idle_ttl: Duration | None = None
+    # None until resolved: load_policy fills in the residency's default (pinned: never).
+    protect: Protect | None = None
+    max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
+    queue: QueueConfig = QueueConfig()
+    gpus: list[GpuIndex] | None = None
+    startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
+    stop_timeout: Duration = 15.0
+    restart: RestartConfig = RestartConfig()
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, value: str | None) -> str | None:
+        if value is not None:
+            canonical_name(value)  # ValueError naming the known runtimes
+        return value
+
+    @field_validator("health", "metrics")
+    @classmethod
+    def _is_path(cls, value: str | None) -> str | None:
+        return None if value is None else _url_path(value)
+
+    @property
+    def expected_peak_floor(self) -> int:
+        """The estimate, capped: what admission uses before the service is measured."""
+        return min(self.memory.estimate, self.memory.cap or self.memory.estimate)
+
+
+class Window(_Strict):
+    name: Name
+    cron: StrictStr
+    duration: Annotated[Duration, Field(gt=0, le=MAX_WINDOW_S)]
+    timezone: StrictStr = "UTC"
+    restart: Literal["flagged", "all", "none"] | list[StrictStr] = "flagged"
+    allow: list[StrictStr] = []
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        check_cron(value)
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, value: str) -> str:
+        check_timezone(value)
+        return value
+
+
+class Maintenance(_Strict):
+    windows: list[Window] = []
+
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _empty_list(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+
+class Policy(_Strict):
+    version: Literal[1]
+    server: ServerConfig = ServerConfig()
+    device: DeviceConfig = DeviceConfig()
+    defaults: Defaults = Defaults()
+    services: dict[StrictStr, Service] = {}
+    maintenance: Maintenance = Maintenance()
+
+    @field_validator("services", "maintenance", mode="before")
+    @classmethod
+    def _empty_section(cls, value: Any) -> Any:
+        # "services:" with nothing under it is YAML null: an empty section, not an error.
+        if value is None:
+            return {}
+        return value
+
+    def service_for_model(self, model: str) -> str | None:
+        for name, service in self.services.items():
+            if model in service.models:
+                return name
+        return None
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """JSON Schema of the policy file, for editors (``vramd schema``)."""
+    schema = Policy.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vramd policy"
+    return schema
