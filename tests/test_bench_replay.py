@@ -440,3 +440,27 @@ def test_drive_sends_each_kind_to_its_route_and_reads_the_decision_log() -> None
     assert (by_id["r0"].status, by_id["r0"].code, by_id["r0"].cold) == (200, None, True)
     assert (by_id["r1"].status, by_id["r1"].code) == (429, "queue_full")
     assert [e["id"] for e in live.events] == [43, 44, 45, 46, 47, 48]
+
+
+def test_vramd_model_puts_sleep_mode_services_to_sleep_and_wakes_them() -> None:
+    # As in the eviction test, c evicts a at t=10 and a evicts b at t=20; but a and b
+    # have vLLM's sleep mode: the evictions put them to sleep (unload_s), and a's
+    # return at t=20 is a wake (wake_s 0.5 s) instead of a 2 s load -- the daemon's
+    # own decisions (Stop(sleepable) -> InstanceAsleep, Start(wake=True)) on the pump.
+    policy = POLICY.replace(
+        "memory: {estimate: 4GiB}}", "memory: {estimate: 4GiB}, adapter: vllm, sleep: true}"
+    )
+    bench = "{a: {load_s: 2, wake_s: 0.5}, b: {load_s: 2, wake_s: 0.5}, c: {load_s: 2}}"
+    summary, result = run("vramd", setup_for(bench, policy))
+    assert summary["served"] == 4
+    loads = [
+        (e["t"], e["service"], e["data"].get("reason"))
+        for e in result.events
+        if e["kind"] == "load"
+    ]
+    assert [(t, s) for t, s, _ in loads] == [(0.0, "a"), (0.5, "b"), (11.0, "c"), (21.0, "a")]
+    assert loads[-1][2] == "wake"
+    # a's request at t=20 waits 1 s for b to fall asleep and 0.5 s for the wake, then
+    # runs 1 s: 2.5 s instead of 4 s, so the median is 3.0 s (3.5 s without sleep mode).
+    assert summary["latency_s"]["p50"] == pytest.approx(3.0)
+    assert summary["evictions"] == 2

@@ -1,8 +1,11 @@
 """Bench data: how each simulated runtime really behaves, which the policy only estimates.
 
-A YAML mapping of service name to ``{load_s, true_peak, unload_s}``::
+A YAML mapping of service name to ``{load_s, true_peak, unload_s, wake_s}``::
 
     chat: {load_s: 10, true_peak: 10GiB, unload_s: 1}
+
+``wake_s`` is how long a service with ``sleep: true`` takes to wake (default a tenth of
+its load time); going to sleep takes its ``unload_s``.
 
 ``true_peak`` is the memory the runtime really reaches once loaded; it may exceed the
 policy's ``memory.estimate`` (as a real KV cache does). A service missing from the file
@@ -22,7 +25,8 @@ from service.units import parse_duration, parse_size
 
 DEFAULT_LOAD_S = 5.0
 DEFAULT_UNLOAD_S = 1.0
-_KEYS = frozenset({"load_s", "true_peak", "unload_s"})
+_KEYS = frozenset({"load_s", "true_peak", "unload_s", "wake_s"})
+WAKE_SHARE = 0.1  # of the load time, when bench data gives no wake_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,11 @@ class RuntimeBench:
     load_s: float
     true_peak: int
     unload_s: float = DEFAULT_UNLOAD_S
+    wake_s: float | None = None
+
+    @property
+    def wake_time(self) -> float:
+        return self.wake_s if self.wake_s is not None else self.load_s * WAKE_SHARE
 
 
 def parse_bench_data(text: str) -> dict[str, dict[str, Any]]:
@@ -61,5 +70,6 @@ def resolve_bench(
             load_s=parse_duration(entry.get("load_s", DEFAULT_LOAD_S)),
             true_peak=parse_size(entry.get("true_peak", service.memory.estimate)),
             unload_s=parse_duration(entry.get("unload_s", DEFAULT_UNLOAD_S)),
+            wake_s=parse_duration(entry["wake_s"]) if "wake_s" in entry else None,
         )
     return out

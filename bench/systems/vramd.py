@@ -1,8 +1,9 @@
-"""vramd itself: the daemon's own scheduler core (``service.scheduler``), not a copy.
+"""vramd itself: the daemon's own decision loop (``service.scheduler.Pump``), not a copy.
 
-This module plays the orchestrator's part on the virtual clock. It turns what happens
-on the simulated device into the events the real daemon feeds, and carries out the
-actions that come back:
+The daemon's kernel and this model run the same ``Pump`` over the same ``Scheduler``
+and differ only in their ``Effects``: this class implements that protocol on the
+virtual clock. It turns what happens on the simulated device into the events the real
+daemon feeds, and carries out the actions that come back:
 
 - time 0: a memory sample, then ``PolicyChanged`` (as ``Orchestrator.start`` does);
   then a ``Tick`` every 0.2 s and a ``MemorySampled`` every ``device.sample_interval``,
@@ -10,14 +11,18 @@ actions that come back:
 - ``Start``: the runtime starts loading (``SimDevice.place``). After ``load_s`` it is
   ready (``LearnedChanged`` with its load time, then ``InstanceReady``); if its true peak
   does not fit it fails with out of memory, and the supervisor's own restart rules
-  (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` and a
-  retry, or ``InstanceFailed``. As ``service.doctor`` does, the first out-of-memory of
-  a retry chain is preceded by ``MakeRoom`` (evict everything evictable before the
-  retry); the next one closes that incident without another ``MakeRoom``.
+  (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` with
+  the backoff's deadline, or ``InstanceFailed``. The retry is the scheduler's
+  ``Start(retry=True)``, as in the daemon. As ``service.doctor`` does, the first
+  out-of-memory of a retry chain is preceded by ``MakeRoom`` (evict everything
+  evictable before the retry); the next one closes that incident without another.
 - ``Stop(drain=True)``: nothing to do here (the scheduler stops granting).
   ``Stop(drain=False)``: the process is terminated; ``InstanceStopped`` after
   ``unload_s``, when its memory is gone (the settle barrier). Requests still in flight
-  on it fail (``killed``).
+  on it fail (``killed``). A sleepable stop of a ``sleep: true`` service puts it to
+  sleep instead (``InstanceAsleep`` after ``unload_s``; the sleeper keeps nothing on
+  the simulated device), ``Start(wake=True)`` wakes it in ``wake_s``, and
+  ``StopSleeper`` ends it.
 - ``Grant``: the request is served for its ``duration_s``, then ``RequestFinished``.
   ``Reject``: refused with its code. ``Note(evict)``: counted.
 - Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
@@ -25,8 +30,8 @@ actions that come back:
 
 Simplified away: the settle barrier's probe polling (memory is gone exactly at
 ``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
-should keep true peaks under ``memory.cap``), crashes of ready runtimes, maintenance
-windows and operator loads.
+should keep true peaks under ``memory.cap``), crashes of ready runtimes, a sleeper's
+leftover context, maintenance windows and operator loads.
 """
 
 from __future__ import annotations
@@ -37,10 +42,10 @@ from bench.sim.harness import System, World
 from bench.sim.trace import TraceRequest
 from service.scheduler import (
     RUNTIME_FAILED,
-    Action,
     DeviceReading,
     Event,
     Grant,
+    InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
     InstanceReady,
@@ -51,12 +56,15 @@ from service.scheduler import (
     MemorySampled,
     Note,
     PolicyChanged,
+    Pump,
     Reject,
     RequestArrived,
     RequestFinished,
+    Resolve,
     Scheduler,
     Start,
     Stop,
+    StopSleeper,
     Tick,
 )
 from service.supervisor.backoff import RestartPolicy, RestartTracker
@@ -70,7 +78,7 @@ OOM_ERROR = "CUDA error: out of memory"
 class Proc:
     """The simulated process of one service: what the supervisor would know."""
 
-    phase: str = "gone"  # loading | ready | backoff | stopping | gone
+    phase: str = "gone"  # loading | ready | backoff | stopping | asleep | gone
     gen: int = 0  # bumped whenever a pending callback must be ignored
     peak: int = 0  # highest footprint of this instance
     ready_since: float = 0.0
@@ -84,7 +92,10 @@ class Vramd(System):
     def __init__(self, world: World) -> None:
         super().__init__(world)
         self.scheduler = Scheduler(self.setup.rules, self.setup.device_rule)
+        self.pump = Pump(self.scheduler, lambda: self.clock.now)
+        self.pump.connect(self)
         policy = self.setup.policy
+        self.sleeps = {name for name, svc in policy.services.items() if svc.sleep}
         self.procs = {name: Proc() for name in self.setup.services}
         self.trackers = {
             name: RestartTracker(
@@ -127,42 +138,64 @@ class Vramd(System):
         self.requests[req.id] = req
         self._feed(RequestArrived(req.id, service))
 
-    # --------------------------------------------------------------- the pump
+    # ---------------------------------------------------------- Effects, simulated
 
     def _feed(self, event: Event) -> None:
-        for action in self.scheduler.handle(event, self.clock.now):
-            self._act(action)
+        self.pump.feed(event)
 
-    def _act(self, action: Action) -> None:
+    def start(self, action: Start) -> None:
+        proc = self.procs[action.service]
+        if proc.phase == "asleep":
+            if action.wake:
+                self._wake(action.service)
+                return
+            proc.phase = "gone"  # woken elsewhere: the sleeper is stopped, a fresh load
+        if not action.retry:
+            self.trackers[action.service].reset()
+        self._spawn(action.service, action.reason)
+
+    def drain(self, action: Stop) -> None:
+        pass  # the scheduler stops granting; nothing to do on the device
+
+    def stop(self, action: Stop) -> None:
+        proc = self.procs[action.service]
+        if action.sleepable and action.service in self.sleeps and proc.phase == "ready":
+            self._sleep(action.service)
+        else:
+            self._terminate(action.service)
+
+    def stop_sleeper(self, action: StopSleeper) -> None:
+        proc = self.procs[action.service]
+        if proc.phase == "asleep":
+            proc.gen += 1
+            proc.phase = "gone"
+            self.clock.at(self.clock.now, self._feed, InstanceStopped(action.service))
+
+    def grant(self, action: Grant) -> None:
         now = self.clock.now
-        match action:
-            case Start():
-                self.trackers[action.service].reset()
-                self._spawn(action.service, action.reason)
-            case Stop(drain=False):
-                self._terminate(action.service)
-            case Stop():
-                pass
-            case Grant():
-                proc = self.procs[action.service]
-                assert proc.phase == "ready", f"grant on {action.service} in {proc.phase}"
-                proc.in_flight.add(action.request_id)
-                self.rec.granted(action.request_id, now, ready_since=proc.ready_since)
-                duration = self.requests[action.request_id].duration_s
-                self.clock.after(
-                    duration, self._finish, action.request_id, action.service, proc.gen
-                )
-            case Reject():
-                if action.code == RUNTIME_FAILED and action.service in self.gave_up_oom:
-                    self.rec.failed(action.request_id, "oom", now)
-                    self.rec.event(now, "reject", action.service, code=action.code)
-                else:
-                    self.rec.refused(action.request_id, action.code, now)
-            case Note():
-                self.notes[action.kind] = self.notes.get(action.kind, 0) + 1
-                if action.kind == "evict":
-                    victims = [str(v) for v in action.data.get("victims", [])]
-                    self.rec.evicted(victims, now, for_service=action.service)
+        proc = self.procs[action.service]
+        assert proc.phase == "ready", f"grant on {action.service} in {proc.phase}"
+        proc.in_flight.add(action.request_id)
+        self.rec.granted(action.request_id, now, ready_since=proc.ready_since)
+        duration = self.requests[action.request_id].duration_s
+        self.clock.after(duration, self._finish, action.request_id, action.service, proc.gen)
+
+    def reject(self, action: Reject) -> None:
+        now = self.clock.now
+        if action.code == RUNTIME_FAILED and action.service in self.gave_up_oom:
+            self.rec.failed(action.request_id, "oom", now)
+            self.rec.event(now, "reject", action.service, code=action.code)
+        else:
+            self.rec.refused(action.request_id, action.code, now)
+
+    def note(self, action: Note) -> None:
+        self.notes[action.kind] = self.notes.get(action.kind, 0) + 1
+        if action.kind == "evict":
+            victims = [str(v) for v in action.data.get("victims", [])]
+            self.rec.evicted(victims, self.clock.now, for_service=action.service)
+
+    def resolve(self, action: Resolve) -> None:
+        pass  # no operators in a replay
 
     # --------------------------------------------------------------- the runtimes
 
@@ -206,18 +239,43 @@ class Vramd(System):
             proc.phase = "backoff"
             if first_of_chain:
                 self._feed(MakeRoom(service, "its load failed with out-of-memory"))
-            self._feed(InstanceBackoff(service, OOM_ERROR))
-            self.clock.after(decision.delay_s, self._retry, service, proc.gen)
+            self._feed(InstanceBackoff(service, OOM_ERROR, retry_at=now + decision.delay_s))
         else:
             proc.phase = "gone"
             self.gave_up_oom.add(service)
             self._feed(InstanceFailed(service, f"{OOM_ERROR} (gave up)"))
         self._sample()
 
-    def _retry(self, service: str, gen: int) -> None:
+    def _sleep(self, service: str) -> None:
+        """vLLM's sleep: weights leave the device in ``unload_s``; the process lives."""
+        proc, now = self.procs[service], self.clock.now
+        proc.gen += 1
+        proc.phase = "stopping"
+        self.device.freeze(service, now)
+        self.clock.after(
+            self.setup.services[service].bench.unload_s, self._asleep, service, proc.gen
+        )
+
+    def _asleep(self, service: str, gen: int) -> None:
         proc = self.procs[service]
-        if proc.gen == gen and proc.phase == "backoff":
-            self._spawn(service, "restart after backoff")
+        if proc.gen != gen or proc.phase != "stopping":
+            return
+        self.device.remove(service, self.clock.now)
+        proc.phase = "asleep"
+        self._feed(InstanceAsleep(service))
+        self._sample()
+
+    def _wake(self, service: str) -> None:
+        proc, bench, now = self.procs[service], self.setup.services[service].bench, self.clock.now
+        proc.gen += 1
+        proc.phase = "loading"
+        proc.peak = 0
+        self.rec.load(service, now, reason="wake")
+        fail_at = self.device.place(service, now, bench.true_peak, bench.wake_time)
+        if fail_at is None:
+            self.clock.after(bench.wake_time, self._ready, service, proc.gen)
+        else:
+            self.clock.at(fail_at, self._out_of_memory, service, proc.gen)
 
     def _terminate(self, service: str) -> None:
         proc, now = self.procs[service], self.clock.now
