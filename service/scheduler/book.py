@@ -190,7 +190,7 @@ class Book:
 
     def forget(self, svc: ServiceState) -> None:
         """Drop a removed service's record; operators waiting on it get their answer."""
-        for ticket, kind in svc.tickets.items():
+        for ticket, kind in list(svc.tickets.items()):
             outcome = "stopped" if kind == "unload" else "ignored"
             self.resolve(svc, ticket, outcome, f"{svc.name} was removed from the policy")
         svc.tickets.clear()

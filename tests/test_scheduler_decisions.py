@@ -1,0 +1,375 @@
+"""Decisions that used to live in the kernel, now in the pure core (DESIGN section 2).
+
+Backoff retries (a pass past the backoff deadline issues the ``Start``), vLLM-style sleep
+and wake, operators' loads/unloads/restarts answered by the events they cause
+(``Resolve``, no polling), and shutdown. Each test feeds events on a chosen clock and
+asserts on the actions -- through the same ``Pump`` the daemon and the bench use, with
+an ``Effects`` that records what it is asked to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.domain import DeviceReading, Residency
+from service.scheduler import (
+    DeviceRule,
+    Event,
+    Grant,
+    InstanceAsleep,
+    InstanceBackoff,
+    InstanceFailed,
+    InstanceReady,
+    InstanceStopped,
+    LoadRequested,
+    MakeRoom,
+    MemorySampled,
+    Note,
+    PolicyChanged,
+    Pump,
+    Reject,
+    RequestArrived,
+    RequestFinished,
+    Resolve,
+    RestartRequested,
+    Scheduler,
+    ServiceRule,
+    ShutdownRequested,
+    Start,
+    Stop,
+    StopSleeper,
+    Tick,
+    UnloadRequested,
+    WindowChanged,
+)
+
+MiB = 1024**2
+
+
+def rule(name: str, residency: Residency = Residency.ON_DEMAND, **kw: object) -> ServiceRule:
+    fields: dict[str, object] = {
+        "name": name,
+        "residency": residency,
+        "priority": 100,
+        "estimate": 600 * MiB,
+        "cap": None,
+        "max_concurrency": 4,
+        "queue_max": 8,
+        "queue_timeout_s": 60.0,
+        "idle_ttl_s": 0.0,
+        "stop_timeout_s": 15.0,
+        "gpus": None,
+        "preload": False,
+        "protect_s": 0.0,
+    }
+    fields.update(kw)
+    return ServiceRule(**fields)  # type: ignore[arg-type]
+
+
+@dataclass
+class Recorder:
+    """An ``Effects`` that remembers every call, in order."""
+
+    calls: list[object] = field(default_factory=list)
+
+    def start(self, action: Start) -> None:
+        self.calls.append(action)
+
+    def drain(self, action: Stop) -> None:
+        self.calls.append(action)
+
+    def stop(self, action: Stop) -> None:
+        self.calls.append(action)
+
+    def stop_sleeper(self, action: StopSleeper) -> None:
+        self.calls.append(action)
+
+    def grant(self, action: Grant) -> None:
+        self.calls.append(action)
+
+    def reject(self, action: Reject) -> None:
+        self.calls.append(action)
+
+    def note(self, action: Note) -> None:
+        self.calls.append(action)
+
+    def resolve(self, action: Resolve) -> None:
+        self.calls.append(action)
+
+    def take(self) -> list[object]:
+        taken, self.calls = self.calls, []
+        return taken
+
+
+class World:
+    def __init__(self, *rules: ServiceRule, total_mib: int = 1000) -> None:
+        self.now = 0.0
+        self.rules = {r.name: r for r in rules}
+        self.scheduler = Scheduler(self.rules, DeviceRule())
+        self.effects = Recorder()
+        self.pump = Pump(self.scheduler, lambda: self.now)
+        self.pump.connect(self.effects)
+        self.total = total_mib * MiB
+        self.send(PolicyChanged(self.rules, DeviceRule()))
+        self.sample()
+
+    def send(self, event: Event, at: float | None = None) -> list[object]:
+        if at is not None:
+            self.now = at
+        self.pump.feed(event)
+        return self.effects.take()
+
+    def sample(self) -> list[object]:
+        """A sample in which every resident instance measures its expected peak."""
+        views = [self.scheduler.service_view(n) for n in self.scheduler.service_names()]
+        footprints = {v.name: v.charge for v in views if v.charge}
+        used = sum(footprints.values())
+        reading = DeviceReading(0, self.total, used, self.total - used, used)
+        return self.send(MemorySampled((reading,), footprints))
+
+    def load(self, name: str, rid: str = "r1") -> None:
+        """Bring ``name`` up through a request that then finishes."""
+        assert starts(self.send(RequestArrived(rid, name))) == [name]
+        self.send(InstanceReady(name))
+        self.send(RequestFinished(rid))
+
+    def state(self, name: str) -> str:
+        return self.scheduler.service_view(name).state
+
+
+def starts(calls: list[object]) -> list[str]:
+    return [c.service for c in calls if isinstance(c, Start)]
+
+
+def of(calls: list[object], kind: type) -> list:  # type: ignore[type-arg]
+    return [c for c in calls if isinstance(c, kind)]
+
+
+def answers(calls: list[object]) -> dict[str, tuple[str, str]]:
+    return {c.ticket: (c.outcome, c.message) for c in calls if isinstance(c, Resolve)}
+
+
+# ------------------------------------------------------------------ backoff retries
+
+
+def test_a_pass_past_the_backoff_deadline_issues_the_retry() -> None:
+    world = World(rule("s"))
+    world.send(RequestArrived("r1", "s"))
+    assert world.send(InstanceBackoff("s", "exit code 1", retry_at=5.0), at=1.0) == [
+        Note("s", "backoff", "s will be retried: exit code 1", {})
+    ]
+    assert starts(world.send(Tick(), at=4.9)) == []
+    retry = of(world.send(Tick(), at=5.0), Start)
+    assert [(a.service, a.device, a.retry) for a in retry] == [("s", 0, True)]
+    assert starts(world.send(Tick(), at=6.0)) == []  # issued once
+    assert world.state("s") == "starting"
+
+
+def test_a_backoff_without_a_deadline_is_not_retried_by_the_scheduler() -> None:
+    world = World(rule("s"))
+    world.send(RequestArrived("r1", "s"))
+    world.send(InstanceBackoff("s", "exit code 1"))
+    assert starts(world.send(Tick(), at=100.0)) == []
+
+
+def test_an_out_of_memory_retry_waits_for_the_instances_evicted_for_it() -> None:
+    world = World(rule("big", priority=200), rule("small", estimate=300 * MiB))
+    world.load("small", "w1")
+    world.sample()
+    world.send(RequestArrived("r1", "big"))
+    world.send(InstanceBackoff("big", "CUDA error: out of memory", retry_at=2.0))
+    calls = world.send(MakeRoom("big", "its load failed with out-of-memory"))
+    assert [(s.service, s.drain) for s in of(calls, Stop)] == [("small", True), ("small", False)]
+    assert starts(world.send(Tick(), at=3.0)) == []  # small still stopping
+    assert starts(world.send(InstanceStopped("small"), at=3.5)) == ["big"]
+
+
+def test_a_stop_during_backoff_cancels_the_retry() -> None:
+    world = World(rule("s"))
+    world.send(RequestArrived("r1", "s"))
+    world.send(InstanceBackoff("s", "exit code 1", retry_at=5.0))
+    world.send(UnloadRequested("s"))
+    world.send(InstanceStopped("s"))
+    assert starts(world.send(Tick(), at=10.0)) == []
+    assert world.state("s") == "stopped"
+
+
+# ------------------------------------------------------------------ sleep and wake
+
+
+def sleeper_world(**kw: object) -> World:
+    return World(rule("vllm", **kw), rule("other", priority=200, estimate=700 * MiB))
+
+
+def put_to_sleep(world: World) -> None:
+    world.load("vllm")
+    world.sample()
+    calls = world.send(RequestArrived("o1", "other"))
+    stops = [(s.service, s.drain, s.sleepable) for s in of(calls, Stop)]
+    assert stops == [("vllm", True, True), ("vllm", False, True)]
+    assert starts(world.send(InstanceAsleep("vllm"))) == ["other"]
+
+
+def test_an_asleep_service_counts_stopped_and_its_next_load_is_a_wake() -> None:
+    world = sleeper_world()
+    put_to_sleep(world)
+    assert world.scheduler.service_view("vllm").charge == 0
+    world.send(InstanceReady("other"))
+    world.send(RequestFinished("o1"))
+    world.send(UnloadRequested("other"))
+    world.send(InstanceStopped("other"))
+    wake = of(world.send(RequestArrived("v2", "vllm")), Start)
+    assert [(a.service, a.wake) for a in wake] == [("vllm", True)]
+
+
+def test_a_sleeper_is_stopped_for_good_after_its_idle_ttl() -> None:
+    world = sleeper_world(idle_ttl_s=30.0)
+    put_to_sleep(world)
+    assert of(world.send(Tick(), at=29.0), StopSleeper) == []
+    stop = of(world.send(Tick(), at=30.0), StopSleeper)
+    assert stop == [StopSleeper("vllm", "asleep longer than its idle_ttl (30s)")]
+    assert of(world.send(Tick(), at=31.0), StopSleeper) == []  # once
+    world.send(InstanceStopped("vllm"))
+    world.send(UnloadRequested("other"))
+    world.send(InstanceStopped("other"))
+    wake = of(world.send(RequestArrived("v2", "vllm")), Start)
+    assert [(a.service, a.wake) for a in wake] == [("vllm", False)]  # gone: a fresh load
+
+
+def test_a_load_waiting_for_memory_stops_the_sleepers_first() -> None:
+    world = World(
+        rule("vllm"),
+        rule("other", priority=200, estimate=700 * MiB),
+        rule("third", estimate=500 * MiB),
+    )
+    put_to_sleep(world)
+    world.send(InstanceReady("other"))  # o1 stays in flight: other is busy
+    world.sample()
+    calls = world.send(RequestArrived("t1", "third"))
+    assert [n.kind for n in of(calls, Note)] == ["wait"]
+    assert of(calls, StopSleeper) == [StopSleeper("vllm", "third waits for memory")]
+
+
+def test_an_unload_of_a_sleeper_is_answered_once_its_process_is_gone() -> None:
+    world = sleeper_world()
+    put_to_sleep(world)
+    calls = world.send(UnloadRequested("vllm", ticket="t1"))
+    assert of(calls, StopSleeper) == [StopSleeper("vllm", "unloaded by an operator")]
+    assert answers(calls) == {}
+    assert answers(world.send(InstanceStopped("vllm"))) == {"t1": ("stopped", "")}
+
+
+def test_a_sleeper_being_stopped_is_loaded_only_once_it_is_gone() -> None:
+    world = sleeper_world(idle_ttl_s=10.0)
+    put_to_sleep(world)
+    world.send(Tick(), at=10.0)  # StopSleeper
+    world.send(InstanceReady("other"))
+    world.send(RequestFinished("o1"))
+    world.send(UnloadRequested("other"))
+    world.send(InstanceStopped("other"))
+    assert starts(world.send(RequestArrived("v2", "vllm"))) == []
+    assert starts(world.send(InstanceStopped("vllm"))) == ["vllm"]
+
+
+# ------------------------------------------------------------------ operators
+
+
+def test_a_load_is_answered_ready_when_the_instance_is() -> None:
+    world = World(rule("s"))
+    calls = world.send(LoadRequested("s", ticket="t1"))
+    assert starts(calls) == ["s"] and answers(calls) == {}
+    assert answers(world.send(InstanceReady("s"))) == {"t1": ("ready", "")}
+
+
+def test_a_load_that_waits_for_memory_is_answered_waiting_with_what_for() -> None:
+    world = World(rule("hog", Residency.PINNED, estimate=800 * MiB), rule("s"))
+    world.send(InstanceReady("hog"))
+    world.sample()
+    world.send(RequestArrived("h1", "hog"))
+    outcome, message = answers(world.send(LoadRequested("s", ticket="t1")))["t1"]
+    assert outcome == "refused"  # a pinned 800 MiB leaves no room for 600 MiB, ever
+    assert "pinned" in message
+
+
+def test_a_load_waiting_behind_a_protected_instance_is_answered_waiting() -> None:
+    world = World(rule("warm", Residency.WARM, protect_s=600.0, priority=200), rule("s"))
+    world.load("warm")
+    world.sample()
+    outcome, message = answers(world.send(LoadRequested("s", ticket="t1")))["t1"]
+    assert outcome == "waiting"
+    assert "warm" in message
+
+
+def test_a_load_of_a_crash_looping_service_is_answered_failed() -> None:
+    world = World(rule("s"))
+    world.send(LoadRequested("s", ticket="t1"))
+    assert answers(world.send(InstanceFailed("s", "exit code 1"))) == {
+        "t1": ("failed", "s failed to load: exit code 1")
+    }
+
+
+def test_a_load_of_a_window_only_service_outside_its_window_is_answered_window_closed() -> None:
+    world = World(rule("batch", Residency.WINDOW_ONLY))
+    world.send(WindowChanged(frozenset(), {"batch": 3600.0}))
+    calls = world.send(LoadRequested("batch", ticket="t1"))
+    assert starts(calls) == []
+    (answer,) = of(calls, Resolve)
+    assert (answer.outcome, answer.retry_after) == ("window_closed", 3600.0)
+
+
+def test_a_restart_is_answered_when_the_new_instance_is_ready() -> None:
+    world = World(rule("s"))
+    world.load("s")
+    calls = world.send(RestartRequested("s", "requested by an operator", ticket="t1"))
+    assert [(s.drain) for s in of(calls, Stop)] == [True, False]
+    assert answers(calls) == {}
+    assert starts(world.send(InstanceStopped("s"))) == ["s"]
+    assert answers(world.send(InstanceReady("s"))) == {"t1": ("ready", "")}
+
+
+def test_a_restart_of_a_stopped_service_loads_it() -> None:
+    world = World(rule("s"))
+    assert starts(world.send(RestartRequested("s", "operator", ticket="t1"))) == ["s"]
+    assert answers(world.send(InstanceReady("s"))) == {"t1": ("ready", "")}
+
+
+def test_an_unload_is_answered_stopped_once_the_process_is_gone() -> None:
+    world = World(rule("s"))
+    world.load("s")
+    assert answers(world.send(UnloadRequested("s", ticket="t1"))) == {}
+    assert answers(world.send(InstanceStopped("s"))) == {"t1": ("stopped", "")}
+    assert answers(world.send(UnloadRequested("s", ticket="t2"))) == {"t2": ("stopped", "")}
+
+
+def test_operators_of_a_removed_service_get_an_answer() -> None:
+    world = World(rule("s"), rule("t"))
+    world.load("s")
+    world.send(UnloadRequested("s", ticket="t1"))
+    rules = {"t": world.rules["t"]}
+    world.send(PolicyChanged(rules, DeviceRule()))
+    assert answers(world.send(InstanceStopped("s"))) == {
+        "t1": ("stopped", "s was removed from the policy")
+    }
+
+
+# ------------------------------------------------------------------ shutdown
+
+
+def test_shutdown_drains_everything_refuses_waiting_and_loads_nothing() -> None:
+    world = World(rule("s", max_concurrency=1), rule("p", Residency.PINNED, estimate=100 * MiB))
+    world.send(InstanceReady("p"))
+    world.send(RequestArrived("r1", "s"))
+    world.send(InstanceReady("s"))
+    world.send(RequestArrived("r2", "s"))  # queued behind r1
+    calls = world.send(ShutdownRequested())
+    assert [(r.request_id, r.code) for r in of(calls, Reject)] == [("r2", "insufficient_capacity")]
+    assert {(s.service, s.drain) for s in of(calls, Stop)} == {
+        ("p", True),
+        ("p", False),
+        ("s", True),
+    }
+    assert [s.drain for s in of(world.send(RequestFinished("r1")), Stop)] == [False]
+    world.send(InstanceStopped("p"))
+    assert starts(world.send(Tick(), at=5.0)) == []  # pinned, but the daemon is stopping
+    (refused,) = of(world.send(RequestArrived("r3", "s")), Reject)
+    assert (refused.code, refused.message) == ("insufficient_capacity", "vramd is shutting down")
