@@ -24,7 +24,7 @@ import pytest
 from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
 
-from service.cli_client import parse_at
+from service.cli.windows import parse_at
 from service.client import AdminClient, ApiError, DaemonUnreachable
 
 pytestmark = pytest.mark.slow
