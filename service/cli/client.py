@@ -10,12 +10,15 @@ takes ``--url`` (default ``$VRAMD_URL`` or http://127.0.0.1:8400) and sends
 
 from __future__ import annotations
 
-import time
+import os
+import select
+import signal
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from types import FrameType
+from typing import Annotated, Any, Self
 
 import typer
 
@@ -174,35 +177,70 @@ def events(
     url: UrlOption = None,
 ) -> None:
     """Recent events, oldest first: state changes, loads, evictions, flags, windows."""
-    try:
-        with connect(url) as client:
-            recent = latest_events(client, service=service, kind=kind, limit=limit)
-            for event in recent:
+    # Ctrl-C is how a follow ends, so it ends the command with 0, not as an error.
+    with CtrlC() as ctrl_c, connect(url) as client:
+        recent = latest_events(client, service=service, kind=kind, limit=limit, ctrl_c=ctrl_c)
+        if ctrl_c.pressed:
+            return
+        for event in recent:
+            out.print(event_line(event), markup=False)
+        last = recent[-1]["id"] if recent else None
+        while follow and not ctrl_c.wait(FOLLOW_INTERVAL):
+            for event in client.events(since=last, service=service, kind=kind, limit=EVENT_PAGE):
                 out.print(event_line(event), markup=False)
-            last = recent[-1]["id"] if recent else None
-            while follow:
-                time.sleep(FOLLOW_INTERVAL)
-                for event in client.events(
-                    since=last, service=service, kind=kind, limit=EVENT_PAGE
-                ):
-                    out.print(event_line(event), markup=False)
-                    last = event["id"]
-    except KeyboardInterrupt:
-        return  # Ctrl-C is how a follow ends: not an error
+                last = event["id"]
 
 
 def latest_events(
-    client: AdminClient, *, service: str | None, kind: str | None, limit: int
+    client: AdminClient, *, service: str | None, kind: str | None, limit: int, ctrl_c: CtrlC
 ) -> list[dict[str, Any]]:
     """The last ``limit`` events; the API pages forward from the oldest."""
     kept: deque[dict[str, Any]] = deque(maxlen=limit)
     since: int | None = None
-    while True:
+    while not ctrl_c.pressed:
         page = client.events(since=since, service=service, kind=kind, limit=EVENT_PAGE)
         kept.extend(page)
         if len(page) < EVENT_PAGE:
-            return list(kept)
+            break
         since = page[-1]["id"]
+    return list(kept)
+
+
+class CtrlC:
+    """Within: Ctrl-C (SIGINT) marks ``pressed`` and wakes ``wait``; it raises nothing.
+
+    A KeyboardInterrupt is raised wherever the main thread happens to be. Inside httpcore
+    that can be just after its connection pool took a lock and before the ``with`` that
+    releases it, and closing the client then blocks on that lock for good. So the loop
+    asks instead, between requests: an idle follow ends at once, one waiting for an answer
+    ends when it comes. A second Ctrl-C, for a daemon that never answers, ends the process.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def __enter__(self) -> Self:
+        # The handler writes to this pipe and ``wait`` selects on it: the signal interrupts
+        # select, the handler runs, select resumes and finds the pipe readable.
+        self._wake_read, self._wake_write = os.pipe()
+        self._previous = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until Ctrl-C; true once it was pressed."""
+        if not self.pressed:
+            select.select([self._wake_read], [], [], seconds)
+        return self.pressed
+
+    def _press(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed = True
+        os.write(self._wake_write, b"\0")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ---------------------------------------------------------------- incidents
