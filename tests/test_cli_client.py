@@ -24,7 +24,8 @@ import pytest
 from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
 
-from service.cli_client import parse_at
+from service.cli.client import CtrlC
+from service.cli.windows import parse_at
 from service.client import AdminClient, ApiError, DaemonUnreachable
 
 pytestmark = pytest.mark.slow
@@ -209,6 +210,21 @@ def test_events_follow_prints_new_events_until_ctrl_c(daemon: Daemon) -> None:
             if proc.poll() is None:
                 proc.kill()
             daemon.delete("/api/maintenance/follow-marker")
+
+
+def test_ctrl_c_in_a_follow_is_a_stop_request_not_an_exception() -> None:
+    # A KeyboardInterrupt could land inside the HTTP client and leave its pool locked;
+    # inside CtrlC the signal only marks the stop and wakes the wait between polls.
+    before = signal.getsignal(signal.SIGINT)
+    with CtrlC() as ctrl_c:
+        assert not ctrl_c.wait(0)
+        sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        sender.start()
+        assert ctrl_c.wait(30)
+        sender.join()
+        assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def _wait_for_line(lines: queue.Queue[str], text: str, timeout: float = 10.0) -> str:

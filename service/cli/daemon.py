@@ -1,47 +1,32 @@
-"""The ``vramd`` command (DESIGN section 7).
+"""The ``vramd`` commands that work on this machine and need no running daemon.
 
-Daemon-side commands (``serve``, ``check``, ``schema``, ``db upgrade``) work on files;
-client commands (``ps``, ``load`` ...) talk to a running daemon over HTTP at ``--url``
-(default ``$VRAMD_URL`` or http://127.0.0.1:8400). Exit codes: 0 success, 1 the thing
-asked for failed or is invalid, 2 usage errors (typer's), 3 the daemon is unreachable.
+``serve`` runs the daemon; ``check`` and ``schema`` validate and describe policy files;
+``db upgrade`` creates or migrates the database; ``import llama-swap`` converts another tool's
+configuration. They read files and settings (``--config``, ``$VRAMD_*``), never ``--url``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from service.cli.console import EXIT_FAILED, err, fail, out, read_text
 from service.errors import PolicyError, StoreError
 from service.policy import Policy, Service, load_policy, policy_json_schema
-from service.settings import ClientSettings, Settings, refuse_unsafe_bind, server_address
+from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
-app = typer.Typer(
-    name="vramd",
-    help="One daemon that owns the accelerator memory and runs local AI runtimes.",
-    no_args_is_help=True,
-    add_completion=False,
-)
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
-
-# Piped output (scripts, `watch`, logs) gets wide tables rather than rich's 80 columns.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-EXIT_UNREACHABLE = 3
+import_app = typer.Typer(
+    help="Convert another tool's configuration into a vramd policy.", no_args_is_help=True
+)
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Policy file (default $VRAMD_CONFIG).")
-]
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Daemon URL (default $VRAMD_URL or :8400).")
 ]
 
 
@@ -51,10 +36,10 @@ def read_policy_or_exit(path: Path) -> tuple[Policy, str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         err.print(f"{path}: cannot read policy file: {exc.strerror or exc}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
     except UnicodeDecodeError:
         err.print(f"{path}: the policy file is not UTF-8 text")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
     try:
         return load_policy(text), text
     except PolicyError as exc:
@@ -62,10 +47,12 @@ def read_policy_or_exit(path: Path) -> tuple[Policy, str]:
             err.print(f"{path}: {issue}", markup=False)
         count = len(exc.issues)
         err.print(f"{path}: {count} error{'s' if count != 1 else ''}; nothing was changed")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
 
 
-@app.command()
+# -------------------------------------------------------------- check, schema
+
+
 def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]) -> None:
     """Validate a policy file: print every error with its key path and line, or a summary."""
     policy, _ = read_policy_or_exit(path)
@@ -88,13 +75,20 @@ def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]
         )
 
 
-@app.command()
+def _protect(service: Service) -> str:
+    if service.protect == "never":
+        return "never"
+    return format_duration(service.protect) if service.protect else "0s"
+
+
 def schema() -> None:
     """Print the JSON Schema of the policy file (for editor completion)."""
     out.print_json(json.dumps(policy_json_schema()))
 
 
-@app.command()
+# ---------------------------------------------------------------------- serve
+
+
 def serve(
     config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
@@ -113,7 +107,7 @@ def serve(
     problem = refuse_unsafe_bind(address.host, policy)
     if problem:
         err.print(problem)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
     configure_logging(settings.log_level)
     preflight_database(address.database)
     application = create_app(settings)
@@ -129,7 +123,7 @@ def serve(
     )
     server.run()
     if getattr(application.state, "startup_failed", None):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def preflight_database(path: Path) -> None:
@@ -146,7 +140,20 @@ def preflight_database(path: Path) -> None:
             lock.release()
     except (StoreError, OSError) as exc:
         err.print(f"vramd cannot start: {exc}", markup=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def configure_logging(level: str) -> None:
+    """vramd's own log lines (decisions, state changes) on stderr beside uvicorn's."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger("vramd")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+# ------------------------------------------------------------------------- db
 
 
 @db_app.command("upgrade")
@@ -166,49 +173,28 @@ def db_upgrade(
         open_store(path).close()
     except StoreError as exc:
         err.print(str(exc), markup=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
     out.print(f"{path}: database is at the newest schema", markup=False)
-
-
-def configure_logging(level: str) -> None:
-    """vramd's own log lines (decisions, state changes) on stderr beside uvicorn's."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    root = logging.getLogger("vramd")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-
-
-def _protect(service: Service) -> str:
-    if service.protect == "never":
-        return "never"
-    return format_duration(service.protect) if service.protect else "0s"
 
 
 def _settings(**overrides: Any) -> Settings:
     return Settings(**{key: value for key, value in overrides.items() if value is not None})
 
 
-def client_settings(url: str | None) -> ClientSettings:
-    settings = ClientSettings()
-    if url:
-        settings = settings.model_copy(update={"url": url})
-    return settings
+# --------------------------------------------------------------------- import
 
 
-def main() -> None:
+@import_app.command("llama-swap")
+def import_llamaswap(
+    path: Annotated[Path, typer.Argument(help="llama-swap config.yaml to convert.")],
+) -> None:
+    """Print a vramd policy equivalent to a llama-swap config (review its TODOs)."""
+    from service.importers import ImportFailed
+    from service.importers.llamaswap import convert
+
+    text = read_text(path, "llama-swap config")
     try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
-
-
-from service import cli_client  # noqa: E402,F401  (registers client commands)
-
-if __name__ == "__main__":
-    # ``python -m service.cli`` runs this file as __main__, a second copy of the module;
-    # the client commands registered themselves on the importable one, so run that.
-    from service.cli import main as registered_main
-
-    registered_main()
+        policy = convert(text, source=path.name)
+    except ImportFailed as exc:
+        fail(f"{path}: {exc}")
+    typer.echo(policy, nl=False)

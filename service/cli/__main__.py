@@ -1,0 +1,5 @@
+"""``python -m service.cli``: the ``vramd`` command, as the tests and ``make`` run it."""
+
+from service.cli import main
+
+main()

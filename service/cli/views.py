@@ -1,0 +1,209 @@
+"""How the daemon's JSON reads on a terminal: the tables and lines the client commands print.
+
+Pure functions from the admin API's answers (DESIGN section 6) to text and ``rich`` tables;
+they ask nothing and print nothing, so the commands in ``client.py`` and ``windows.py`` read
+as "ask the daemon, print its view". Missing values show as ``-``; times are local.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from service.units import format_duration, format_size
+
+
+def local_time(ts: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts).strftime(fmt)
+
+
+def new_table(*columns: str, right: tuple[str, ...] = ()) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
+
+
+def add_row(table: Table, *cells: object) -> None:
+    """Cells as plain text: names and messages are never read as rich markup."""
+    table.add_row(*(Text("-" if cell is None else str(cell)) for cell in cells))
+
+
+# ---------------------------------------------------------------------- ps
+
+
+def device_line(device: dict[str, Any]) -> str:
+    size = format_size
+    charged = sum(device.get("charges", {}).values())
+    return (
+        f"device {device.get('index')} ({device.get('name')}, "
+        f"{size(device.get('total_bytes'))}): used {size(device.get('used_bytes'))} · "
+        f"budget {size(device.get('budget_bytes'))} ({size(charged)} charged, "
+        f"{size(device.get('available_bytes'))} available) · "
+        f"foreign {size(device.get('foreign_bytes'))} · free {size(device.get('free_bytes'))}"
+    )
+
+
+def services_table(services: Iterable[dict[str, Any]]) -> Table:
+    table = new_table(
+        "SERVICE",
+        "STATE",
+        "DEVICE",
+        "USED / PEAK / CAP",
+        "IN-FLIGHT",
+        "QUEUED",
+        "IDLE FOR",
+        "FLAGS",
+        right=("IN-FLIGHT", "QUEUED", "IDLE FOR"),
+    )
+    for svc in services:
+        flags = list(svc.get("flags") or [])
+        if svc.get("waiting_for_memory"):
+            flags.append("waiting-for-memory")
+        add_row(
+            table,
+            svc.get("name"),
+            "waiting" if svc.get("waiting_for") else svc.get("state"),
+            svc.get("device"),
+            memory_cell(svc),
+            svc.get("in_flight", 0),
+            svc.get("queued", 0),
+            format_duration(svc.get("idle_for_s")),
+            ",".join(flags) or "-",
+        )
+    return table
+
+
+def memory_cell(svc: dict[str, Any]) -> str:
+    """``120MiB / 130MiB / 200MiB``; ``~4GiB est`` while the service was never measured."""
+    used = svc.get("footprint_bytes") if svc.get("pid") is not None else None
+    learned = svc.get("learned_peak_bytes")
+    peak = format_size(learned) if learned else f"~{format_size(svc.get('estimate_bytes'))} est"
+    return f"{format_size(used)} / {peak} / {format_size(svc.get('cap_bytes'))}"
+
+
+def service_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """The line under the table for each service that waits or failed: what and why."""
+    for svc in services:
+        if svc.get("waiting_for"):
+            text = str(svc["waiting_for"]).removeprefix(f"{svc['name']} ")
+            yield f"{svc['name']}: {text}"
+        elif svc.get("last_error") and svc.get("state") in ("failed", "backoff", "stopped"):
+            yield f"{svc['name']}: {svc['last_error']}"
+
+
+# ------------------------------------------------------- load/unload/restart
+
+
+def describe_service(svc: dict[str, Any]) -> str:
+    """``chat: ready (pid 123, device 0, 40MiB, loaded in 1.2s)``."""
+    running = svc.get("pid") is not None
+    parts = [f"pid {svc['pid']}", f"device {svc.get('device')}"] if running else []
+    if running and svc.get("footprint_bytes"):
+        parts.append(format_size(svc["footprint_bytes"]))
+    if svc.get("state") == "ready" and svc.get("last_load_s") is not None:
+        parts.append(f"loaded in {format_duration(svc['last_load_s'])}")
+    detail = f" ({', '.join(parts)})" if parts else ""
+    line = f"{svc.get('name')}: {svc.get('state')}{detail}"
+    if svc.get("waiting_for"):
+        line += f"; {svc['waiting_for']} (it loads as soon as it can)"
+    return line
+
+
+def admission_lines(answer: dict[str, Any]) -> Iterator[str]:
+    """``explain``: the verdict, then each service it would evict and each it waits for."""
+    yield answer["message"]
+    for victim in answer.get("victims", []):
+        state = (
+            "already stopping"
+            if victim.get("already_stopping")
+            else ("busy, drained first" if victim.get("busy") else "idle")
+        )
+        yield (
+            f"  evicts {victim['service']} ({victim['residency']}, priority "
+            f"{victim['priority']}, {state}): frees {format_size(victim['bytes'])}"
+        )
+    for holder in answer.get("holders", []):
+        when = holder.get("yields_in_s")
+        suffix = f" [can yield in {format_duration(when)}]" if when is not None else ""
+        yield f"  waits for {holder['text']}{suffix}"
+
+
+# --------------------------------------------------------------- apply, events
+
+
+def issue_text(issue: dict[str, Any]) -> str:
+    """``services.chat.priority (line 8): ...`` from a 422's ``errors[]`` item."""
+    where = str(issue.get("path") or "")
+    if issue.get("line") is not None:
+        where = f"{where} (line {issue['line']})".strip()
+    return f"{where}: {issue.get('message')}" if where else str(issue.get("message"))
+
+
+def event_line(event: dict[str, Any]) -> str:
+    return (
+        f"{local_time(event.get('ts'))}  {event.get('kind', ''):<14} "
+        f"{event.get('service') or '-':<16} {event.get('message', '')}"
+    )
+
+
+# ---------------------------------------------------------- windows, incidents
+
+
+def windows_table(windows: Iterable[dict[str, Any]]) -> Table:
+    table = new_table(
+        "NAME", "ORIGIN", "SCHEDULE", "DURATION", "RESTART", "ALLOW", "NEXT START", "OPEN"
+    )
+    for window in windows:
+        if window.get("cron"):
+            schedule = f"{window['cron']} ({window.get('timezone') or 'UTC'})"
+        else:
+            schedule = f"at {local_time(window.get('start_at'))}"
+        restart = window.get("restart")
+        opened = "no"
+        if window.get("open"):
+            opened = f"yes, until {local_time(window.get('closes_at'), '%H:%M:%S')}"
+        add_row(
+            table,
+            window.get("name"),
+            window.get("origin"),
+            schedule,
+            format_duration(window.get("duration_s")),
+            ",".join(restart) if isinstance(restart, list) else restart,
+            ",".join(window.get("allow") or []) or "-",
+            local_time(window.get("next_start")),
+            opened,
+        )
+    return table
+
+
+def incidents_table(incidents: Iterable[dict[str, Any]]) -> Table:
+    table = new_table("ID", "TIME", "SERVICE", "KIND", "VERDICT", "SUMMARY")
+    for incident in incidents:
+        add_row(
+            table,
+            incident.get("id"),
+            local_time(incident.get("ts")),
+            incident.get("service"),
+            incident.get("kind"),
+            incident.get("verdict"),
+            incident.get("summary"),
+        )
+    return table
+
+
+def incident_lines(record: dict[str, Any]) -> Iterator[str]:
+    """One incident in full, a ``key: value`` entry per field; nested values as JSON."""
+    for key, value in record.items():
+        if key == "ts" and isinstance(value, int | float):
+            value = f"{local_time(value)} ({value})"
+        if isinstance(value, dict | list):
+            text = json.dumps(value, indent=2, sort_keys=True).replace("\n", "\n  ")
+            yield f"{key}:\n  {text}"
+        else:
+            yield f"{key}: {value}"
