@@ -19,13 +19,13 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.diagnostics import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
 from service.eventlog import EventLog
+from service.instance_watch import Finding, InstanceWatch
 from service.runtimes import RuntimeTable, ServiceRuntime
 from service.sampling import LastReading
 from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
 from service.settings import Settings
 from service.store import Store, queries
 from service.units import format_size
-from service.watch import Finding, InstanceWatch
 
 # The events an incident quotes: what happened in the minutes before it.
 INCIDENT_HISTORY_S = 300.0

@@ -38,6 +38,7 @@ from service.leases import Lease, Waiters
 from service.metrics import Metrics
 from service.policy import Policy, diff_policies, load_policy
 from service.policy_records import persist_policy, window_conflicts
+from service.reaping import reap_previous_daemon
 from service.runtimes import RuntimeTable, ServiceRuntime
 from service.sampling import LastReading, Sampler
 from service.scheduler import (
@@ -57,8 +58,7 @@ from service.scheduler import (
     rules_from_policy,
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
-from service.store import Store, queries
-from service.supervisor import OrphanRecord, reap_orphans
+from service.store import Store
 from service.tasks import BackgroundTasks
 from service.tickets import Tickets
 from service.views import memory_view, service_view, status_view
@@ -133,7 +133,7 @@ class Orchestrator:
 
     async def start(self) -> None:
         """Reap what a previous daemon left, take a first sample, start pinned services."""
-        await self._reap_orphans()
+        await reap_previous_daemon(store=self._store, events=self.events, clock=self._clock)
         await self.sampler.sample_once()
         rules, device_rule = rules_from_policy(self.policy)
         self.events.record(
@@ -194,37 +194,6 @@ class Orchestrator:
             await self._clock.sleep(TICK_S)
             self.feed(Tick())
             self._health.last_tick = self._clock.monotonic()
-
-    async def _reap_orphans(self) -> None:
-        with self._store.session() as session:
-            records = [
-                (row.id, row.service, OrphanRecord(row.pid, row.pgid, row.proc_start_time))
-                for row in queries.live_instances(session)
-            ]
-        if not records:
-            return
-        results = await asyncio.to_thread(reap_orphans, [r for _, _, r in records])
-        now = self._clock.now()
-        with self._store.session() as session:
-            for (instance_id, _, _), result in zip(records, results, strict=True):
-                reaped = result.outcome.value == "reaped"
-                queries.record_instance_exit(
-                    session,
-                    instance_id=instance_id,
-                    stopped_at=now,
-                    exit_code=None,
-                    reason="reaped at startup" if reaped else "gone before startup",
-                    reaped=reaped,
-                )
-        for (instance_id, service, record), result in zip(records, results, strict=True):
-            if result.outcome.value == "reaped":
-                self.events.record(
-                    "reap",
-                    f"killed pid {record.pid} of {service}, left running by a previous vramd",
-                    service=service,
-                    instance_id=instance_id,
-                    data={"pid": record.pid, "pgid": record.pgid},
-                )
 
     # -------------------------------------------------------------- policy apply
 

@@ -26,6 +26,7 @@ import httpx
 from service.adapters import Adapter, adapter_named, guess_adapter
 from service.clock import Clock
 from service.domain import InstanceState
+from service.instance_watch import InstanceWatch
 from service.policy import Service, expand_placeholders
 from service.supervisor import (
     Instance,
@@ -34,7 +35,6 @@ from service.supervisor import (
     RestartPolicy,
     runtime_environment,
 )
-from service.watch import InstanceWatch
 
 # One pool per instance: keep-alive connections to one loopback port. Generous limits:
 # admission, not the pool, bounds concurrency.

@@ -1,6 +1,6 @@
 """Maintenance windows as the daemon lives them: what opening one does, and the API.
 
-``maintenance.Maintenance`` knows *when* windows open and close (APScheduler); this
+``window_jobs.Maintenance`` knows *when* windows open and close (APScheduler jobs); this
 module decides what that means for the services, through scheduler events like every
 other change: restarting the window's targets (``RestartRequested``: drain first),
 allowing its window-only services (``WindowChanged``), recording each run in SQLite,
@@ -20,11 +20,11 @@ from service.clock import Clock
 from service.domain import INSTANCE_FLAGS
 from service.errors import InvalidRequest, ServiceNotFound
 from service.eventlog import EventLog
-from service.maintenance import Maintenance, OpenWindow, WindowSpec
 from service.policy import Policy
 from service.runtimes import RuntimeTable
 from service.scheduler import Event, RestartRequested, WindowChanged
 from service.store import Store, queries
+from service.window_jobs import Maintenance, OpenWindow, WindowSpec
 
 
 class Windows:

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from service.cron import cron_trigger, cron_weekdays, next_fire_time
-from service.maintenance import Maintenance, OpenWindow, WindowSpec
 from service.policy import check_cron
+from service.window_jobs import Maintenance, OpenWindow, WindowSpec
 
 
 @pytest.mark.parametrize(

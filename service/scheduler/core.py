@@ -71,8 +71,14 @@ from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
 from service.scheduler.operators import answer_operators
 from service.scheduler.planner import run_pass
+from service.scheduler.reasons import (
+    expired_idle,
+    failed_message,
+    unloaded_message,
+    what_it_waited_for,
+)
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
-from service.scheduler.state import ServiceState, ServiceView
+from service.scheduler.state import ServiceView
 from service.units import format_duration
 
 S = InstanceState
@@ -183,12 +189,12 @@ class Scheduler:
         if book.shutting_down:
             refusal = (act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S)
         elif svc.state is S.FAILED:
-            refusal = (act.RUNTIME_FAILED, _failed_message(svc), None)
+            refusal = (act.RUNTIME_FAILED, failed_message(svc), None)
         elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed_now:
             message = f"{name} runs only in a maintenance window that allows it"
             refusal = (act.WINDOW_CLOSED, message, book.retry_window(name))
         elif rule.residency is Residency.PINNED and svc.operator_unloaded:
-            refusal = (act.INSUFFICIENT_CAPACITY, _unloaded_message(svc), None)
+            refusal = (act.INSUFFICIENT_CAPACITY, unloaded_message(svc), None)
         elif svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
             book.grant(svc, rid)
             return
@@ -248,7 +254,7 @@ class Scheduler:
         svc.error = event.error
         svc.load_intent = None
         svc.restart_pending = False
-        book.reject_queue(svc, act.RUNTIME_FAILED, _failed_message(svc))
+        book.reject_queue(svc, act.RUNTIME_FAILED, failed_message(svc))
         svc.wait = svc.behind = None
         svc.retry_at = None
         if svc.removed:
@@ -299,7 +305,7 @@ class Scheduler:
                         f"waited {format_duration(waited)} in the queue of {svc.name} "
                         f"(queue.timeout {format_duration(rule.queue_timeout_s)})"
                     )
-                    why, retry = _what_it_waited_for(svc, now)
+                    why, retry = what_it_waited_for(svc, now)
                     if why:
                         message += f": {why}"
                     book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, retry)
@@ -310,7 +316,7 @@ class Scheduler:
                     f"{len(svc.in_flight)} request(s) in flight"
                 )
                 book.terminate(svc, reason)
-            idle_s = _expired_idle(svc, now)
+            idle_s = expired_idle(svc, now)
             if idle_s is not None:
                 ttl = format_duration(rule.idle_ttl_s)
                 book.stop(
@@ -448,7 +454,7 @@ class Scheduler:
         svc.operator_unloaded = svc.rule.residency is Residency.PINNED
         if event.ticket is not None:
             svc.tickets[event.ticket] = "unload"
-        book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, _unloaded_message(svc))
+        book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, unloaded_message(svc))
         book.stop(svc, "unloaded by an operator")
         book.stop_sleeper(svc, "unloaded by an operator")
 
@@ -476,47 +482,3 @@ class Scheduler:
             for svc in book.ordered():
                 if svc.asleep and svc.name != name:
                     book.stop_sleeper(svc, f"{name} waits for memory")
-
-
-def _expired_idle(svc: ServiceState, now: float) -> float | None:
-    """How long ``svc`` has been idle, if that is past its idle TTL (pinned: never)."""
-    ttl = svc.rule.idle_ttl_s
-    if svc.state is not S.READY or svc.rule.residency is Residency.PINNED or ttl <= 0:
-        return None
-    if not svc.idle or svc.last_used is None or now - svc.last_used < ttl:
-        return None
-    return now - svc.last_used
-
-
-def _what_it_waited_for(svc: ServiceState, now: float) -> tuple[str | None, float | None]:
-    """What a queued request of ``svc`` was waiting for, and when that may change."""
-    if svc.state in (S.DRAINING, S.STOPPING):
-        return f"{svc.name} was stopping ({svc.stop_reason})", None
-    if svc.plan is not None:
-        victims = ", ".join(sorted(svc.plan.victims))
-        return f"{svc.name} was waiting for {victims} to stop", None
-    text = svc.waiting_text(now) if svc.state is S.STOPPED else None
-    if text is not None:
-        yields = svc.wait.yields_at() if svc.wait is not None else None
-        return text, None if yields is None else max(0.0, yields - now)
-    if svc.state is S.STARTING:
-        return f"{svc.name} was still loading", None
-    if svc.state is S.READY:
-        slots = svc.rule.max_concurrency
-        return f"all {slots} slot(s) of {svc.name} were busy", None
-    return None, None
-
-
-def _failed_message(svc: ServiceState) -> str:
-    why = f" ({svc.error})" if svc.error else ""
-    return (
-        f"{svc.name} is crash-looping{why}; load it again with POST /api/services/{svc.name}/load"
-    )
-
-
-def _unloaded_message(svc: ServiceState) -> str:
-    if svc.rule.residency is Residency.PINNED:
-        hint = f"load it again with POST /api/services/{svc.name}/load"
-    else:
-        hint = "a new request loads it again"
-    return f"{svc.name} was unloaded by an operator; {hint}"
