@@ -1,0 +1,352 @@
+"""The kernel's helpers on their narrow ports (DESIGN section 2): sampler, doctor,
+windows and sleep mode, each built from a recording ``feed``, a fake clock, a fake probe,
+a runtime table over a fake launcher and a real SQLite file -- no orchestrator, no
+processes, no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from support.fake_clock import FakeClock, settle
+from support.fake_launcher import FakeLauncher
+
+from service.doctor import Doctor
+from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
+from service.eventlog import EventLog
+from service.instance_watch import Finding
+from service.policy import Policy, load_policy
+from service.runtimes import RuntimeTable, ServiceRuntime
+from service.sampling import LastReading, Sampler
+from service.scheduler import (
+    Event,
+    LearnedChanged,
+    LedgerView,
+    MakeRoom,
+    MemorySampled,
+    RestartRequested,
+    ServiceView,
+    UnloadRequested,
+    WindowChanged,
+)
+from service.settings import Settings
+from service.sleeping import SleepMode
+from service.store import Store, open_store, queries
+from service.windows import Windows
+
+MiB = 1024**2
+S = InstanceState
+
+POLICY = """
+version: 1
+device: {backend: host, budget: 1GiB, headroom: 0B, sample_interval: 1s}
+services:
+  chat:
+    kind: chat
+    models: [chat]
+    command: [llama-server, --port, "${PORT}"]
+    memory: {estimate: 100MiB, cap: 200MiB, on_cap: restart}
+  stopper:
+    kind: chat
+    models: [stopper]
+    command: [llama-server, --port, "${PORT}"]
+    memory: {estimate: 100MiB, cap: 200MiB, on_cap: stop}
+  batch:
+    kind: embedding
+    models: [batch]
+    command: [tei, --port, "${PORT}"]
+    memory: {estimate: 100MiB}
+    residency: window-only
+  vllm:
+    kind: chat
+    models: [vllm]
+    command: [vllm, serve, --port, "${PORT}"]
+    adapter: vllm
+    sleep: true
+    memory: {estimate: 100MiB}
+maintenance:
+  windows:
+    - {name: nightly, cron: "0 3 * * *", duration: 1h, restart: [chat], allow: [batch]}
+"""
+
+
+class FakeProbe:
+    """A device probe whose figures the test sets."""
+
+    backend = "host"
+
+    def __init__(self) -> None:
+        self.device_bytes: dict[str, int] = {}
+        self.held: set[int] = set()
+
+    def read(self, instances: Mapping[str, int]) -> ProbeReading:
+        memory = {
+            key: InstanceMemory(self.device_bytes.get(key, 0), 10 * MiB, (pid,))
+            for key, pid in instances.items()
+        }
+        used = sum(m.device_bytes for m in memory.values())
+        device = DeviceSnapshot(0, 1024 * MiB, used, 1024 * MiB - used, used, name="fake")
+        return ProbeReading("host", (device,), memory)
+
+    def holding(self, pids: Collection[int]) -> set[int]:
+        return self.held & set(pids)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class SchedulerFigures:
+    """The read-only scheduler view the sampler gets: expected peaks and budgets."""
+
+    expected: dict[str, int] = field(default_factory=dict)
+
+    def service_view(self, name: str, now: float | None = None) -> ServiceView:
+        return ServiceView(
+            name=name,
+            state="ready",
+            device=0,
+            in_flight=0,
+            queued=0,
+            charge=0,
+            expected_peak=self.expected.get(name, 100 * MiB),
+            measured=0,
+            last_used=None,
+            idle_for=None,
+            waiting_for_memory=False,
+            restart_pending=False,
+            error=None,
+        )
+
+    def ledger_view(self, device: int) -> LedgerView | None:
+        return None
+
+
+@dataclass
+class Kit:
+    policy: Policy
+    clock: FakeClock
+    store: Store
+    events: EventLog
+    runtimes: RuntimeTable
+    launcher: FakeLauncher
+    probe: FakeProbe
+    fed: list[Event]
+    last: LastReading
+
+    async def ready(self, name: str) -> ServiceRuntime:
+        """Start ``name``'s instance through the fake launcher and wait until ready."""
+        rt = self.runtimes[name]
+        await rt.instance.start(
+            ["x"], env={}, cwd=None, port=9000, health_url="http://x/health", startup_timeout_s=5
+        )
+        return rt
+
+    def doctor(self, tmp_path: Path) -> Doctor:
+        return Doctor(
+            store=self.store,
+            events=self.events,
+            clock=self.clock,
+            settings=Settings(config=tmp_path / "vramd.yaml"),
+            last=self.last,
+            runtimes=self.runtimes,
+            feed=self.fed.append,
+            nvml=False,
+        )
+
+
+@pytest.fixture
+async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
+    clock = FakeClock()
+    store = open_store(tmp_path / "vramd.db")
+    policy = load_policy(POLICY)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    launcher = FakeLauncher()
+    runtimes = RuntimeTable(dict(policy.services), launcher=launcher, clock=clock, http=http)
+    yield Kit(
+        policy,
+        clock,
+        store,
+        EventLog(store, clock),
+        runtimes,
+        launcher,
+        FakeProbe(),
+        [],
+        LastReading(),
+    )
+    for rt in runtimes.values():
+        await rt.instance.stop("test over", timeout_s=1)
+    await runtimes.aclose()
+    store.close()
+
+
+def sampler(kit: Kit, view: SchedulerFigures, found: list[tuple[str, Finding]]) -> Sampler:
+    return Sampler(
+        feed=kit.fed.append,
+        view=view,
+        runtimes=kit.runtimes,
+        on_finding=lambda rt, finding: found.append((rt.name, finding)),
+        last=kit.last,
+        probe=kit.probe,
+        store=kit.store,
+        clock=kit.clock,
+        interval_s=1.0,
+    )
+
+
+# ------------------------------------------------------------------ sampler
+
+
+async def test_a_sample_feeds_the_resident_footprints_and_keeps_the_peak(kit: Kit) -> None:
+    rt = await kit.ready("chat")
+    kit.probe.device_bytes["chat"] = 90 * MiB
+    await sampler(kit, SchedulerFigures(), []).sample_once()
+    (event,) = kit.fed
+    assert isinstance(event, MemorySampled)
+    assert dict(event.footprints) == {"chat": 90 * MiB}  # only running instances
+    assert (rt.footprint, rt.peak) == (90 * MiB, 90 * MiB)
+    assert kit.last.reading is not None and kit.last.at == kit.clock.monotonic()
+    with kit.store.session() as session:
+        assert len(queries.instance_samples(session, service="chat", limit=10)) == 1
+
+
+async def test_a_footprint_above_the_expected_peak_is_learned(kit: Kit) -> None:
+    await kit.ready("chat")
+    kit.probe.device_bytes["chat"] = 150 * MiB
+    await sampler(kit, SchedulerFigures({"chat": 100 * MiB}), []).sample_once()
+    learned = [e for e in kit.fed if isinstance(e, LearnedChanged)]
+    assert [(e.service, e.learned.peak_bytes) for e in learned] == [("chat", 150 * MiB)]
+
+
+async def test_the_sampler_samples_every_interval_on_its_clock(kit: Kit) -> None:
+    def samples() -> int:
+        return sum(isinstance(e, MemorySampled) for e in kit.fed)
+
+    task = asyncio.create_task(sampler(kit, SchedulerFigures(), []).run())
+    await settle()
+    assert samples() == 0
+    for taken in (1, 2):
+        await kit.clock.advance(1.0)
+        # The probe is read in a worker thread: wait for it, not for the clock.
+        async with asyncio.timeout(5):
+            while samples() < taken:
+                await asyncio.sleep(0.005)
+    assert samples() == 2
+    task.cancel()
+
+
+async def test_a_cap_streak_is_handed_to_on_finding(kit: Kit, tmp_path: Path) -> None:
+    rt = await kit.ready("chat")
+    rt.watch = kit.doctor(tmp_path).new_watch(rt)
+    found: list[tuple[str, Finding]] = []
+    kit.probe.device_bytes["chat"] = 250 * MiB  # cap 200 MiB
+    sample = sampler(kit, SchedulerFigures({"chat": 300 * MiB}), found)
+    for _ in range(rt.watch.cap.needed):
+        await sample.sample_once()
+    assert [(name, f.kind) for name, f in found] == [("chat", "over-cap")]
+
+
+# ------------------------------------------------------------------ doctor
+
+
+async def test_over_cap_with_on_cap_restart_asks_for_a_drained_restart(
+    kit: Kit, tmp_path: Path
+) -> None:
+    rt = await kit.ready("chat")
+    kit.doctor(tmp_path).on_finding(rt, Finding("over-cap", "footprint above its cap"))
+    assert "over-cap" in rt.flags
+    assert kit.fed == [RestartRequested("chat", "over its cap 200MiB (on_cap: restart)")]
+
+
+async def test_over_cap_with_on_cap_stop_unloads(kit: Kit, tmp_path: Path) -> None:
+    rt = await kit.ready("stopper")
+    kit.doctor(tmp_path).on_finding(rt, Finding("over-cap", "footprint above its cap"))
+    assert kit.fed == [UnloadRequested("stopper")]
+
+
+async def test_an_out_of_memory_load_makes_room_and_leaves_an_incident(
+    kit: Kit, tmp_path: Path
+) -> None:
+    rt = kit.runtimes["chat"]
+    doctor = kit.doctor(tmp_path)
+    doctor.load_failed(rt, "exited with code 1: CUDA error: out of memory", retrying=True)
+    assert kit.fed == [MakeRoom("chat", "its load failed with out-of-memory")]
+    assert rt.oom_incident is not None
+    doctor.verdict(rt, retry_succeeded=True)
+    with kit.store.session() as session:
+        (incident,) = queries.list_incidents(session, limit=10)
+    assert (incident.kind, incident.verdict) == ("load", "fragmentation")
+
+
+async def test_a_load_failure_that_is_not_out_of_memory_asks_for_nothing(
+    kit: Kit, tmp_path: Path
+) -> None:
+    rt = kit.runtimes["chat"]
+    kit.doctor(tmp_path).load_failed(rt, "exited with code 1: bad flag", retrying=True)
+    assert kit.fed == [] and rt.oom_incident is None
+
+
+# ------------------------------------------------------------------ windows
+
+
+async def test_opening_a_window_restarts_its_running_targets_and_allows_its_services(
+    kit: Kit,
+) -> None:
+    await kit.ready("chat")
+    windows = Windows(
+        policy=kit.policy,
+        feed=kit.fed.append,
+        runtimes=kit.runtimes,
+        store=kit.store,
+        events=kit.events,
+        clock=kit.clock,
+    )
+    windows.start()
+    try:
+        (closed,) = kit.fed
+        assert isinstance(closed, WindowChanged) and closed.allowed == frozenset()
+        kit.fed.clear()
+        windows.run("nightly")
+        restart, opened = kit.fed
+        assert restart == RestartRequested("chat", "maintenance window nightly")
+        assert isinstance(opened, WindowChanged) and opened.allowed == frozenset({"batch"})
+        assert windows.view("nightly")["open"] is True
+    finally:
+        windows.shutdown()
+
+
+# ------------------------------------------------------------------ sleep mode
+
+
+async def test_sleep_and_wake_go_through_the_runtimes_own_endpoints(kit: Kit) -> None:
+    rt = await kit.ready("vllm")
+    calls: list[str] = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200)
+
+    rt.client = httpx.AsyncClient(base_url="http://vllm", transport=httpx.MockTransport(vllm))
+    sleep = SleepMode(events=kit.events, probe=kit.probe, clock=kit.clock, settle_timeout_s=5)
+    assert await sleep.try_sleep(rt, "evicted for chat")
+    assert rt.instance.state is S.SLEEPING and rt.watch is None
+    assert await sleep.wake(rt, "a request for vllm")
+    assert rt.instance.state is S.READY
+    assert calls == ["/sleep", "/wake_up"]
+    await rt.close_client()
+
+
+async def test_a_runtime_that_refuses_to_sleep_is_left_to_be_stopped(kit: Kit) -> None:
+    rt = await kit.ready("vllm")
+    rt.client = httpx.AsyncClient(
+        base_url="http://vllm", transport=httpx.MockTransport(lambda r: httpx.Response(500))
+    )
+    sleep = SleepMode(events=kit.events, probe=kit.probe, clock=kit.clock, settle_timeout_s=5)
+    assert not await sleep.try_sleep(rt, "evicted for chat")
+    assert rt.instance.state is S.READY
+    await rt.close_client()
