@@ -20,6 +20,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -64,6 +65,7 @@ class Daemon:
     probe: DeviceProbe
     clock: Clock
     orchestrator: Orchestrator
+    metrics: Metrics
     lock: DatabaseLock
 
 
@@ -75,8 +77,10 @@ def build_orchestrator(
     clock: Clock,
     settings: Settings,
     launcher: ProcessLauncher | None = None,
+    metrics: Metrics | None = None,
 ) -> Orchestrator:
-    """The kernel, wired: every part gets only the ports it needs."""
+    """The kernel, wired: every part gets only the ports it needs. ``metrics`` (the
+    exposition ``/metrics`` serves) is made here unless given."""
     events = EventLog(store, clock)
     health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
     runtimes = RuntimeTable(
@@ -125,8 +129,8 @@ def build_orchestrator(
         store=store,
         events=events,
     )
-    # The metrics read the status at each scrape, so the orchestrator may come after.
-    metrics = Metrics(lambda: orchestrator.status(), version=__version__, backend=probe.backend)
+    if metrics is None:
+        metrics = new_metrics(lambda: orchestrator.status(), backend=probe.backend)
     waiters, tickets = Waiters(), Tickets()
     effects = KernelEffects(
         feed=pump.feed,
@@ -166,6 +170,12 @@ def build_orchestrator(
         settings=settings,
     )
     return orchestrator
+
+
+def new_metrics(status: Callable[[], dict[str, Any]], *, backend: str) -> Metrics:
+    """The exposition; it reads the status at each scrape, so ``status`` may be bound
+    to an orchestrator built after it."""
+    return Metrics(status, version=__version__, backend=backend)
 
 
 def restore_stats(store: Store, runtimes: RuntimeTable) -> dict[str, Learned]:
@@ -278,6 +288,7 @@ async def _start_daemon(
         )
         probe = probe or create_probe(policy.device.backend, policy.device.gpus)
         log.info("device backend: %s", probe.backend)
+        metrics = new_metrics(lambda: orchestrator.status(), backend=probe.backend)
         orchestrator = build_orchestrator(
             policy=policy,
             store=store,
@@ -285,6 +296,7 @@ async def _start_daemon(
             clock=clock,
             launcher=launcher,
             settings=settings,
+            metrics=metrics,
         )
         await orchestrator.start()
     except BaseException:
@@ -298,6 +310,7 @@ async def _start_daemon(
         probe=probe,
         clock=clock,
         orchestrator=orchestrator,
+        metrics=metrics,
     )
 
 

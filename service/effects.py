@@ -25,7 +25,6 @@ from service.domain import INSTANCE_FLAGS, InstanceState
 from service.errors import RuntimeFailed
 from service.eventlog import EventLog
 from service.leases import REJECTIONS, Lease, Waiters
-from service.metrics import Metrics
 from service.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
 from service.sampling import Sampler
 from service.scheduler import (
@@ -59,6 +58,14 @@ class Feed(Protocol):
     def __call__(self, event: Event) -> None: ...
 
 
+class Counters(Protocol):
+    """The request and load counters the kernel keeps (``service.metrics.Metrics``)."""
+
+    def request_done(self, service: str, code: str, queue_s: float | None = None) -> None: ...
+
+    def load_done(self, service: str, seconds: float) -> None: ...
+
+
 class Ledgers(Protocol):
     """The one thing effects read from the scheduler: a device's total, for placeholders."""
 
@@ -78,7 +85,7 @@ class KernelEffects:
         doctor: Doctor,
         sampler: Sampler,
         events: EventLog,
-        metrics: Metrics,
+        metrics: Counters,
         store: Store,
         probe: DeviceProbe,
         clock: Clock,

@@ -21,7 +21,7 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.doctor import Doctor
 from service.domain import ROUTES_BY_KIND, InstanceState
-from service.effects import KernelEffects
+from service.effects import Counters, KernelEffects
 from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
@@ -35,7 +35,6 @@ from service.errors import (
 from service.eventlog import EventLog
 from service.health import Health
 from service.leases import Lease, Waiters
-from service.metrics import Metrics
 from service.policy import Policy, diff_policies, load_policy
 from service.policy_records import persist_policy, window_conflicts
 from service.reaping import reap_previous_daemon
@@ -85,7 +84,7 @@ class Orchestrator:
         windows: Windows,
         health: Health,
         events: EventLog,
-        metrics: Metrics,
+        metrics: Counters,
         store: Store,
         clock: Clock,
         settings: Settings,

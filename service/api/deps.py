@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.metrics import Metrics
 from service.orchestrator import Orchestrator
 from service.store import Store
 
@@ -25,5 +26,11 @@ def get_store(request: Request) -> Store:
     return store
 
 
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.daemon.metrics
+    return metrics
+
+
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 OrchestratorDep = Annotated[Orchestrator, Depends(get_orchestrator)]
 StoreDep = Annotated[Store, Depends(get_store)]

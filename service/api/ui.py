@@ -24,7 +24,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
 from service import __version__
-from service.api.deps import OrchestratorDep
+from service.api.deps import MetricsDep
 
 router = APIRouter(include_in_schema=False)
 metrics_router = APIRouter()
@@ -62,7 +62,7 @@ async def asset(name: str) -> Response:
 
 
 @metrics_router.get("/metrics")
-async def metrics(orchestrator: OrchestratorDep) -> Response:
+async def metrics(metrics: MetricsDep) -> Response:
     """Prometheus text exposition (open: see the module docstring)."""
-    body, content_type = orchestrator.metrics.render()
+    body, content_type = metrics.render()
     return Response(body, media_type=content_type)
