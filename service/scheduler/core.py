@@ -34,6 +34,15 @@ Timeouts (queue, idle TTL, drain deadlines) and lapsed protections are acted on 
 next ``Tick``. A service holds at most ``max_concurrency + queue.max`` requests, in
 flight and queued together, at all times (loading and restarting included).
 
+After the pass, two more decisions (DESIGN section 2: every decision is made here):
+
+- Sleep mode: a sleepable stop that the runtime carried out as a sleep
+  (``InstanceAsleep``) leaves the service stopped to admission; its next ``Start`` on
+  the same device wakes it. A sleeper is stopped for good (``StopSleeper``) after its
+  ``idle_ttl`` asleep, when any load waits for memory, on an unload and on removal.
+- Operators: a load, unload or restart that carries a ticket is answered (``Resolve``)
+  as soon as the state decides its outcome (``operators``).
+
 Everything is iterated in sorted order, so the same events give the same actions.
 """
 
