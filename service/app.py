@@ -2,8 +2,10 @@
 
 ``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
 lifespan loads the policy, opens (and migrates) the database, records the policy as a
-version, creates the device probe and the orchestrator, and on shutdown stops every
-runtime before closing the database. Tests pass fakes for the injectable parts.
+version, starts the store writer (the one thread that writes the daemon's records),
+creates the device probe and the orchestrator, and on shutdown stops every runtime,
+then commits what the writer still holds, before closing the database. Tests pass fakes
+for the injectable parts.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from service.policy import Policy, load_policy
 from service.policy_records import persist_policy
 from service.proxy import ProxyConfig
 from service.settings import Settings, server_address
-from service.store import open_store
+from service.store import StoreWriter, open_store
 from service.store.lock import DatabaseLock
 from service.supervisor import ProcessLauncher
 
@@ -129,9 +131,17 @@ async def _start_daemon(
         )
         probe = probe or create_probe(policy.device.backend, policy.device.gpus)
         log.info("device backend: %s", probe.backend)
+        writer = StoreWriter(store)
+        writer.start()
+    except BaseException:
+        store.close()
+        lock.release()
+        raise
+    try:
         orchestrator = Orchestrator(
             policy=policy,
             store=store,
+            writer=writer,
             probe=probe,
             clock=clock,
             launcher=launcher,
@@ -139,6 +149,7 @@ async def _start_daemon(
         )
         await orchestrator.start()
     except BaseException:
+        writer.close()
         store.close()
         lock.release()
         raise
@@ -146,6 +157,7 @@ async def _start_daemon(
         lock=lock,
         settings=settings,
         store=store,
+        writer=writer,
         probe=probe,
         clock=clock,
         orchestrator=orchestrator,
@@ -158,5 +170,6 @@ async def _stop_daemon(daemon: Daemon, *, own_probe: bool) -> None:
     finally:
         if own_probe:
             daemon.probe.close()
+        await asyncio.to_thread(daemon.writer.close)  # the records of the shutdown too
         daemon.store.close()
         daemon.lock.release()

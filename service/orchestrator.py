@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from sqlalchemy.orm import Session
 
 from service import __version__
 from service.adapters import find_oom
@@ -77,7 +78,7 @@ from service.scheduler import (
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.sleeping import SleepMode
-from service.store import Store, queries
+from service.store import Store, StoreWriter, queries
 from service.supervisor import (
     Instance,
     LogRing,
@@ -123,6 +124,7 @@ class Orchestrator:
         *,
         policy: Policy,
         store: Store,
+        writer: StoreWriter,
         probe: DeviceProbe,
         clock: Clock,
         settings: Settings,
@@ -130,7 +132,8 @@ class Orchestrator:
     ) -> None:
         self.policy = policy
         self._bind_host = server_address(settings, policy).host
-        self.events = EventLog(store, clock)
+        self._writer = writer
+        self.events = EventLog(writer, clock)
         self.metrics = Metrics(self.status, version=__version__, backend=probe.backend)
         self._store = store
         self._probe = probe
@@ -149,7 +152,7 @@ class Orchestrator:
         self._tasks = TaskGroup()
         self._loops = TaskGroup()
         self._closing = False
-        self.sampler = Sampler(self, probe=probe, store=store, clock=clock)
+        self.sampler = Sampler(self, probe=probe, store=store, writer=writer, clock=clock)
         # Called with each newly installed policy (the app refreshes keys and limits).
         self.policy_listeners: list[Callable[[Policy], None]] = []
         self.doctor = Doctor(
@@ -296,15 +299,13 @@ class Orchestrator:
         return None if since is None else self._clock.monotonic() - since
 
     def _stall_noticed(self, stall: Stall) -> None:
-        """From the watchdog thread: the loop is blocked, so write to SQLite directly."""
+        """From the watchdog thread: the loop is blocked, so only queue the row (the
+        store writer's thread is not blocked by the loop)."""
         message = (
             f"event loop blocked for {stall.duration:.1f}s: no request, load or stop can "
             f"proceed; the loop is at:\n{stall.where}"
         )
-        with self._store.session() as session:
-            queries.record_event(
-                session, ts=self._clock.now(), kind="watchdog", message=message, data={}
-            )
+        self.events.persist("watchdog", message)
 
     def _stall_ended(self, stall: Stall) -> None:
         self.events.record(
@@ -324,7 +325,8 @@ class Orchestrator:
             return
         results = await asyncio.to_thread(reap_orphans, [r for _, _, r in records])
         now = self._clock.now()
-        with self._store.session() as session:
+
+        def write(session: Session) -> None:
             for (instance_id, _, _), result in zip(records, results, strict=True):
                 reaped = result.outcome.value == "reaped"
                 queries.record_instance_exit(
@@ -335,6 +337,8 @@ class Orchestrator:
                     reason="reaped at startup" if reaped else "gone before startup",
                     reaped=reaped,
                 )
+
+        self._writer.put(write)
         for (instance_id, service, record), result in zip(records, results, strict=True):
             if result.outcome.value == "reaped":
                 self.events.record(
@@ -481,17 +485,21 @@ class Orchestrator:
 
         async def spawned(proc: Any) -> None:
             rt.last_pids = (proc.pid,)
-            with self._store.session() as session:
-                rt.instance_id = queries.record_instance_spawn(
+            started_at = self._clock.now()
+            rt.instance_id = self._writer.put_row(
+                "instances",
+                lambda session, row_id: queries.record_instance_spawn(
                     session,
+                    id=row_id,
                     service=rt.name,
                     pid=proc.pid,
                     pgid=proc.pgid,
                     proc_start_time=proc.proc_start_time,
                     port=args.port,
                     device=action.device,
-                    started_at=self._clock.now(),
-                )
+                    started_at=started_at,
+                ),
+            )
 
         # A failed start needs nothing here: on_state has told the scheduler (backoff or
         # failed) and recorded why.

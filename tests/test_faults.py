@@ -547,15 +547,19 @@ def test_a_blocked_event_loop_is_noticed_reported_and_recovered(workdir: Path) -
     with running_daemon(policy_yaml(services), workdir, env=env) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         assert _health(daemon)["last_stall"] is None
-        # A decision stuck in a blocking call: the orchestrator records events to SQLite
-        # on the loop, so while another process holds the write lock the loop stands
-        # still (up to the busy timeout), and nothing on it can report the stall.
+        # A decision stuck in a blocking call: applying a policy stores its version on
+        # the loop (the answer carries the version number), so while another process
+        # holds the write lock the loop stands still (up to the busy timeout), and
+        # nothing on it can report the stall. Records go through the store writer and
+        # are no such call.
+        changed = policy_yaml({"chat": dict(services["chat"], priority=101)})
         with ThreadPoolExecutor(1) as pool:
             with sqlite_lock(daemon.db):
-                url = f"{daemon.url}/api/services/chat/unload"
-                pending = pool.submit(httpx.post, url, timeout=30)
+                url = f"{daemon.url}/api/policy"
+                pending = pool.submit(httpx.post, url, content=changed, timeout=30)
                 time.sleep(3)
-            assert pending.result(timeout=30).status_code == 200
+            applied = pending.result(timeout=30)
+            assert applied.status_code == 200 and applied.json()["changed"], applied.text
         daemon.wait_for(lambda: _health(daemon)["last_stall"] is not None)
         stall = _health(daemon)["last_stall"]
         assert stall["blocked_s"] >= 1.0

@@ -14,7 +14,7 @@ from service.clock import Clock
 from service.devices import DeviceProbe
 from service.orchestrator import Orchestrator
 from service.settings import Settings
-from service.store import Store
+from service.store import Store, StoreWriter
 from service.store.lock import DatabaseLock
 
 
@@ -24,6 +24,7 @@ class Daemon:
 
     settings: Settings
     store: Store
+    writer: StoreWriter
     probe: DeviceProbe
     clock: Clock
     orchestrator: Orchestrator
@@ -43,6 +44,11 @@ def get_store(request: Request) -> Store:
     return get_daemon(request).store
 
 
+def get_writer(request: Request) -> StoreWriter:
+    return get_daemon(request).writer
+
+
 DaemonDep = Annotated[Daemon, Depends(get_daemon)]
 OrchestratorDep = Annotated[Orchestrator, Depends(get_orchestrator)]
 StoreDep = Annotated[Store, Depends(get_store)]
+WriterDep = Annotated[StoreWriter, Depends(get_writer)]
