@@ -2,8 +2,10 @@
 
 ``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
 lifespan loads the policy, opens (and migrates) the database, records the policy as a
-version, creates the device probe and the kernel, and on shutdown stops every runtime
-before closing the database. Tests pass fakes for the injectable parts.
+version, starts the store writer (the one thread that writes the daemon's records),
+creates the device probe and the kernel, and on shutdown stops every runtime, then
+commits what the writer still holds, before closing the database. Tests pass fakes for
+the injectable parts.
 
 ``build_orchestrator`` assembles the kernel (DESIGN section 2): the scheduler and its
 pump, the runtime table, and the helpers on their narrow ports -- the sampler, the
@@ -47,7 +49,7 @@ from service.sampling import LastReading, Sampler
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
 from service.sleeping import SleepMode
-from service.store import Store, open_store, queries
+from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock
 from service.supervisor import ProcessLauncher, SubprocessLauncher
 from service.tickets import Tickets
@@ -62,6 +64,7 @@ class Daemon:
 
     settings: Settings
     store: Store
+    writer: StoreWriter
     probe: DeviceProbe
     clock: Clock
     orchestrator: Orchestrator
@@ -73,6 +76,7 @@ def build_orchestrator(
     *,
     policy: Policy,
     store: Store,
+    writer: StoreWriter,
     probe: DeviceProbe,
     clock: Clock,
     settings: Settings,
@@ -81,7 +85,7 @@ def build_orchestrator(
 ) -> Orchestrator:
     """The kernel, wired: every part gets only the ports it needs. ``metrics`` (the
     exposition ``/metrics`` serves) is made here unless given."""
-    events = EventLog(store, clock)
+    events = EventLog(writer, clock)
     health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
     runtimes = RuntimeTable(
         dict(policy.services),
@@ -111,6 +115,7 @@ def build_orchestrator(
         last=last,
         probe=probe,
         store=store,
+        writer=writer,
         clock=clock,
         interval_s=policy.device.sample_interval,
     )
@@ -126,7 +131,6 @@ def build_orchestrator(
         sample_interval_s=policy.device.sample_interval,
         grace_s=settings.liveness_grace_s,
         stall_after_s=settings.watchdog_stall_s,
-        store=store,
         events=events,
     )
     if metrics is None:
@@ -145,7 +149,7 @@ def build_orchestrator(
         sampler=sampler,
         events=events,
         metrics=metrics,
-        store=store,
+        writer=writer,
         probe=probe,
         clock=clock,
         settle_timeout_s=settings.settle_timeout,
@@ -166,6 +170,7 @@ def build_orchestrator(
         events=events,
         metrics=metrics,
         store=store,
+        writer=writer,
         clock=clock,
         settings=settings,
     )
@@ -288,10 +293,18 @@ async def _start_daemon(
         )
         probe = probe or create_probe(policy.device.backend, policy.device.gpus)
         log.info("device backend: %s", probe.backend)
+        writer = StoreWriter(store)
+        writer.start()
+    except BaseException:
+        store.close()
+        lock.release()
+        raise
+    try:
         metrics = new_metrics(lambda: orchestrator.status(), backend=probe.backend)
         orchestrator = build_orchestrator(
             policy=policy,
             store=store,
+            writer=writer,
             probe=probe,
             clock=clock,
             launcher=launcher,
@@ -300,6 +313,7 @@ async def _start_daemon(
         )
         await orchestrator.start()
     except BaseException:
+        writer.close()
         store.close()
         lock.release()
         raise
@@ -307,6 +321,7 @@ async def _start_daemon(
         lock=lock,
         settings=settings,
         store=store,
+        writer=writer,
         probe=probe,
         clock=clock,
         orchestrator=orchestrator,
@@ -320,5 +335,6 @@ async def _stop_daemon(daemon: Daemon, *, own_probe: bool) -> None:
     finally:
         if own_probe:
             daemon.probe.close()
+        await asyncio.to_thread(daemon.writer.close)  # the records of the shutdown too
         daemon.store.close()
         daemon.lock.release()

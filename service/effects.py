@@ -45,7 +45,7 @@ from service.scheduler import (
     StopSleeper,
 )
 from service.sleeping import SleepMode
-from service.store import Store, queries
+from service.store import StoreWriter, queries
 from service.supervisor import StartFailed, wait_settled
 from service.tasks import BackgroundTasks
 from service.tickets import Tickets
@@ -86,7 +86,7 @@ class KernelEffects:
         sampler: Sampler,
         events: EventLog,
         metrics: Counters,
-        store: Store,
+        writer: StoreWriter,
         probe: DeviceProbe,
         clock: Clock,
         settle_timeout_s: float,
@@ -101,7 +101,7 @@ class KernelEffects:
         self._sampler = sampler
         self._events = events
         self._metrics = metrics
-        self._store = store
+        self._writer = writer
         self._probe = probe
         self._clock = clock
         self._settle_timeout_s = settle_timeout_s
@@ -206,17 +206,21 @@ class KernelEffects:
 
         async def spawned(proc: Any) -> None:
             rt.last_pids = (proc.pid,)
-            with self._store.session() as session:
-                rt.instance_id = queries.record_instance_spawn(
+            started_at = self._clock.now()
+            rt.instance_id = self._writer.put_row(
+                "instances",
+                lambda session, row_id: queries.record_instance_spawn(
                     session,
+                    id=row_id,
                     service=rt.name,
                     pid=proc.pid,
                     pgid=proc.pgid,
                     proc_start_time=proc.proc_start_time,
                     port=args.port,
                     device=action.device,
-                    started_at=self._clock.now(),
-                )
+                    started_at=started_at,
+                ),
+            )
 
         # A failed start needs nothing here: on_state has told the scheduler (backoff or
         # failed) and recorded why.

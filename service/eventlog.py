@@ -3,7 +3,9 @@
 DESIGN asks that every decision be explained: why this victim, why this refusal, what
 was measured. Each one becomes an ``events`` row in SQLite (served by
 ``GET /api/events``), a log line, and a message to live subscribers
-(``GET /api/events/stream``). Subscribers get bounded queues: a slow reader loses its
+(``GET /api/events/stream``). The row goes through the store writer: recording never
+waits for SQLite, and the event's id is known at once (the writer counts ids), so the
+stream and the table agree. Subscribers get bounded queues: a slow reader loses its
 oldest events (and is told so) rather than growing the daemon's memory.
 """
 
@@ -14,8 +16,7 @@ import logging
 from typing import Any
 
 from service.clock import Clock
-from service.errors import StoreError
-from service.store import Store, queries
+from service.store import StoreWriter, queries
 
 log = logging.getLogger("vramd.events")
 
@@ -23,8 +24,8 @@ SUBSCRIBER_QUEUE = 1000
 
 
 class EventLog:
-    def __init__(self, store: Store, clock: Clock) -> None:
-        self._store = store
+    def __init__(self, writer: StoreWriter, clock: Clock) -> None:
+        self._writer = writer
         self._clock = clock
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
 
@@ -38,37 +39,56 @@ class EventLog:
         data: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Persist one event and hand it to every subscriber; returns it as a dict."""
-        ts = self._clock.now()
-        event: dict[str, Any] = {
-            "id": None,
-            "ts": ts,
-            "kind": kind,
-            "service": service,
-            "instance_id": instance_id,
-            "message": message,
-            "data": data or {},
-        }
-        try:
-            with self._store.session() as session:
-                row = queries.record_event(
-                    session,
-                    ts=ts,
-                    kind=kind,
-                    message=message,
-                    service=service,
-                    instance_id=instance_id,
-                    data=data or {},
-                )
-                event["id"] = row.id
-        except StoreError as exc:
-            # The decision stands even if the disk refuses the record; say so loudly.
-            log.error("event not persisted (%s): %s", exc, message)
+        event = self._persist(kind, message, service=service, instance_id=instance_id, data=data)
         log.info("%s%s: %s", f"[{service}] " if service else "", kind, message)
         for queue in list(self._subscribers):
             if queue.full():
                 queue.get_nowait()
             queue.put_nowait(event)
         return event
+
+    def persist(self, kind: str, message: str, *, data: dict[str, Any] | None = None) -> int:
+        """Only store an event (no log line, no subscribers); safe from any thread.
+
+        For the watchdog's thread, which records a stall while the loop is blocked.
+        Returns the event's id.
+        """
+        event_id: int = self._persist(kind, message, data=data)["id"]
+        return event_id
+
+    def _persist(
+        self,
+        kind: str,
+        message: str,
+        *,
+        service: str | None = None,
+        instance_id: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        ts = self._clock.now()
+        data = data or {}
+        event_id = self._writer.put_row(
+            "events",
+            lambda session, row_id: queries.record_event(
+                session,
+                id=row_id,
+                ts=ts,
+                kind=kind,
+                message=message,
+                service=service,
+                instance_id=instance_id,
+                data=data,
+            ),
+        )
+        return {
+            "id": event_id,
+            "ts": ts,
+            "kind": kind,
+            "service": service,
+            "instance_id": instance_id,
+            "message": message,
+            "data": data,
+        }
 
     def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)

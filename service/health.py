@@ -17,7 +17,6 @@ from service.clock import Clock
 from service.eventlog import EventLog
 from service.runtimes import RuntimeTable
 from service.sampling import LastReading
-from service.store import Store, queries
 from service.watchdog import Liveness, Stall, Watchdog
 
 
@@ -33,14 +32,12 @@ class Health:
         sample_interval_s: float,
         grace_s: float,
         stall_after_s: float,
-        store: Store,
         events: EventLog,
     ) -> None:
         self._clock = clock
         self._last = last
         self._runtimes = runtimes
         self.backend = backend
-        self._store = store
         self._events = events
         self.last_tick: float | None = None  # monotonic; the orchestrator's ticker sets it
         self.watchdog = Watchdog(
@@ -88,15 +85,13 @@ class Health:
         return None if since is None else self._clock.monotonic() - since
 
     def _stall_noticed(self, stall: Stall) -> None:
-        """From the watchdog thread: the loop is blocked, so write to SQLite directly."""
+        """From the watchdog thread: the loop is blocked, so only queue the row (the
+        store writer's thread is not blocked by the loop)."""
         message = (
             f"event loop blocked for {stall.duration:.1f}s: no request, load or stop can "
             f"proceed; the loop is at:\n{stall.where}"
         )
-        with self._store.session() as session:
-            queries.record_event(
-                session, ts=self._clock.now(), kind="watchdog", message=message, data={}
-            )
+        self._events.persist("watchdog", message)
 
     def _stall_ended(self, stall: Stall) -> None:
         self._events.record(

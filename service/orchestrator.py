@@ -57,7 +57,7 @@ from service.scheduler import (
     rules_from_policy,
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
-from service.store import Store
+from service.store import Store, StoreWriter
 from service.tasks import BackgroundTasks
 from service.tickets import Tickets
 from service.views import memory_view, service_view, status_view
@@ -86,6 +86,7 @@ class Orchestrator:
         events: EventLog,
         metrics: Counters,
         store: Store,
+        writer: StoreWriter,
         clock: Clock,
         settings: Settings,
     ) -> None:
@@ -103,6 +104,7 @@ class Orchestrator:
         self._last = last
         self._health = health
         self._store = store
+        self._writer = writer
         self._clock = clock
         self._settings = settings
         self._bind_host = server_address(settings, policy).host
@@ -132,7 +134,9 @@ class Orchestrator:
 
     async def start(self) -> None:
         """Reap what a previous daemon left, take a first sample, start pinned services."""
-        await reap_previous_daemon(store=self._store, events=self.events, clock=self._clock)
+        await reap_previous_daemon(
+            store=self._store, writer=self._writer, events=self.events, clock=self._clock
+        )
         await self.sampler.sample_once()
         rules, device_rule = rules_from_policy(self.policy)
         self.events.record(

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 
+from sqlalchemy.orm import Session
+
 from service.clock import Clock
 from service.eventlog import EventLog
-from service.store import Store, queries
+from service.store import Store, StoreWriter, queries
 from service.supervisor import OrphanRecord, ReapOutcome, reap_orphans
 
 
-async def reap_previous_daemon(*, store: Store, events: EventLog, clock: Clock) -> None:
-    with store.session() as session:
+async def reap_previous_daemon(
+    *, store: Store, writer: StoreWriter, events: EventLog, clock: Clock
+) -> None:
+    with store.read() as session:
         records = [
             (row.id, row.service, OrphanRecord(row.pid, row.pgid, row.proc_start_time))
             for row in queries.live_instances(session)
@@ -26,7 +30,8 @@ async def reap_previous_daemon(*, store: Store, events: EventLog, clock: Clock) 
         return
     results = await asyncio.to_thread(reap_orphans, [r for _, _, r in records])
     now = clock.now()
-    with store.session() as session:
+
+    def write(session: Session) -> None:
         for (instance_id, _, _), result in zip(records, results, strict=True):
             reaped = result.outcome is ReapOutcome.REAPED
             queries.record_instance_exit(
@@ -37,6 +42,8 @@ async def reap_previous_daemon(*, store: Store, events: EventLog, clock: Clock) 
                 reason="reaped at startup" if reaped else "gone before startup",
                 reaped=reaped,
             )
+
+    writer.put(write)
     for (instance_id, service, record), result in zip(records, results, strict=True):
         if result.outcome is ReapOutcome.REAPED:
             events.record(

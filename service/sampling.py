@@ -4,7 +4,8 @@ Every ``device.sample_interval`` the sampler reads the probe (in a worker thread
 walks the process table and may call the driver, and must not stall requests), hands
 the figures to the scheduler as a ``MemorySampled`` event, keeps each runtime's latest
 footprint and peak, raises a service's learned peak when an instance goes above it, and
-writes the samples to SQLite (downsampled there once a minute).
+writes the samples to SQLite (downsampled there once a minute). Every write goes through
+the store writer, so a locked database delays the rows, never the loop.
 
 Its ports are narrow (DESIGN section 2): ``feed`` for the events it raises, a read-only
 view of the scheduler (a service's expected peak and load, a device's budget), the
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +33,7 @@ from service.errors import StoreError
 from service.instance_watch import Finding
 from service.runtimes import RuntimeTable, ServiceRuntime
 from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
-from service.store import Store, queries
+from service.store import Store, StoreWriter, queries
 
 log = logging.getLogger("vramd.sampling")
 SLEEPING = InstanceState.SLEEPING
@@ -44,13 +46,9 @@ RECENT_INSTANCES = 5
 LEARN_STEP = 0.01
 
 
-def recent_peak(session: Session, rt: ServiceRuntime) -> int | None:
-    """The highest peak of the service's last ``RECENT_INSTANCES`` instances, capped."""
-    peaks = [
-        row.peak_bytes
-        for row in queries.list_instances(session, service=rt.name, limit=RECENT_INSTANCES)
-        if row.peak_bytes
-    ]
+def recent_peak(recent: Iterable[int | None], rt: ServiceRuntime) -> int | None:
+    """The highest of the peaks of the service's last instances (``recent``), capped."""
+    peaks = [peak for peak in recent if peak]
     if not peaks:
         return rt.learned_peak
     cap = rt.spec.memory.cap
@@ -84,6 +82,7 @@ class Sampler:
         last: LastReading,
         probe: DeviceProbe,
         store: Store,
+        writer: StoreWriter,
         clock: Clock,
         interval_s: float,
     ) -> None:
@@ -93,9 +92,16 @@ class Sampler:
         self._on_finding = on_finding
         self._last = last
         self._probe = probe
-        self._store = store
+        self._writer = writer
         self._clock = clock
         self.interval_s = interval_s
+        # The peaks of each service's last RECENT_INSTANCES instances, newest first: the
+        # learned peak follows them, read here rather than from SQLite on every exit.
+        with store.read() as session:
+            seed = queries.recent_peaks(session, per_service=RECENT_INSTANCES)
+        self._recent_peaks = {
+            name: deque(peaks, maxlen=RECENT_INSTANCES) for name, peaks in seed.items()
+        }
         self._last_downsample = clock.monotonic()
 
     @property
@@ -188,10 +194,12 @@ class Sampler:
         if peak <= max(rt.spec.memory.estimate, current) * (1 + LEARN_STEP):
             return
         rt.learned_peak = peak
-        with self._store.session() as session:
-            queries.update_stats(
-                session, service=rt.name, learned_peak_bytes=peak, updated_at=self._clock.now()
+        name, now = rt.name, self._clock.now()
+        self._writer.put(
+            lambda session: queries.update_stats(
+                session, service=name, learned_peak_bytes=peak, updated_at=now
             )
+        )
         self._feed(LearnedChanged(rt.name, Learned(peak, rt.learned_load_s)))
 
     def _store_samples(self, reading: ProbeReading, footprints: dict[str, int]) -> None:
@@ -226,14 +234,17 @@ class Sampler:
                     "requests_served": rt.counters["requests_served"],
                 }
             )
-        with self._store.session() as session:
+
+        def write(session: Session) -> None:
             queries.add_device_samples(session, rows=device_rows)
             if instance_rows:
                 queries.add_instance_samples(session, rows=instance_rows)
 
+        self._writer.put(write)
+
     def _downsample(self) -> None:
-        with self._store.session() as session:
-            queries.downsample(session, now=self._clock.now())
+        now = self._clock.now()
+        self._writer.put(lambda session: queries.downsample(session, now=now))
 
     # ------------------------------------------------------ records of instance life
 
@@ -243,45 +254,60 @@ class Sampler:
             # A moving average: one slow cold start does not define the service.
             old = rt.learned_load_s
             rt.learned_load_s = load_s if old is None else 0.7 * old + 0.3 * load_s
-        with self._store.session() as session:
-            if rt.instance_id is not None:
-                queries.record_instance_ready(
-                    session, instance_id=rt.instance_id, ready_at=self._clock.now()
-                )
+        name, instance_id, learned_load_s = rt.name, rt.instance_id, rt.learned_load_s
+        ready_at = self._clock.now()
+
+        def write(session: Session) -> None:
+            if instance_id is not None:
+                queries.record_instance_ready(session, instance_id=instance_id, ready_at=ready_at)
             if load_s is not None:
-                queries.update_stats(session, service=rt.name, learned_load_s=rt.learned_load_s)
+                queries.update_stats(session, service=name, learned_load_s=learned_load_s)
+
+        self._writer.put(write)
         if load_s is not None:
             self._feed(LearnedChanged(rt.name, Learned(rt.learned_peak, rt.learned_load_s)))
 
     def record_exit(self, rt: ServiceRuntime, reason: str) -> None:
-        if rt.instance_id is None:
+        instance_id = rt.instance_id
+        if instance_id is None:
             return
-        with self._store.session() as session:
-            queries.record_instance_exit(
+        name, peak = rt.name, rt.peak or None
+        stopped_at, exit_code = self._clock.now(), rt.instance.exit_code
+        self._writer.put(
+            lambda session: queries.record_instance_exit(
                 session,
-                instance_id=rt.instance_id,
-                stopped_at=self._clock.now(),
-                exit_code=rt.instance.exit_code,
+                instance_id=instance_id,
+                stopped_at=stopped_at,
+                exit_code=exit_code,
                 reason=reason,
-                peak_bytes=rt.peak or None,
+                peak_bytes=peak,
             )
-            learned = recent_peak(session, rt)
-            if learned == rt.learned_peak:
-                return
-            rt.learned_peak = learned
-            queries.update_stats(session, service=rt.name, learned_peak_bytes=learned)
+        )
+        recent = self._recent_peaks.setdefault(name, deque(maxlen=RECENT_INSTANCES))
+        recent.appendleft(peak)
+        learned = recent_peak(recent, rt)
+        if learned == rt.learned_peak:
+            return
+        rt.learned_peak = learned
+        self._writer.put(
+            lambda session: queries.update_stats(session, service=name, learned_peak_bytes=learned)
+        )
         # The learned peak follows recent instances, so one old spike is forgotten.
         self._feed(LearnedChanged(rt.name, Learned(learned, rt.learned_load_s)))
 
     def flush_counters(self) -> None:
         """Persist the in-memory counters and flags (kept off the request path)."""
-        try:
-            with self._store.session() as session:
-                for rt in self._runtimes.values():
-                    fields: dict[str, Any] = dict(rt.counters)
-                    fields["flags"] = sorted(rt.flags)
-                    fields["last_error"] = rt.instance.last_error
-                    fields["updated_at"] = self._clock.now()
-                    queries.update_stats(session, service=rt.name, **fields)
-        except StoreError as exc:
-            log.error("counters not stored: %s", exc)
+        now = self._clock.now()
+        rows: dict[str, dict[str, Any]] = {}
+        for rt in self._runtimes.values():
+            fields: dict[str, Any] = dict(rt.counters)
+            fields["flags"] = sorted(rt.flags)
+            fields["last_error"] = rt.instance.last_error
+            fields["updated_at"] = now
+            rows[rt.name] = fields
+
+        def write(session: Session) -> None:
+            for name, fields in rows.items():
+                queries.update_stats(session, service=name, **fields)
+
+        self._writer.put(write)

@@ -18,8 +18,9 @@ import re
 import signal
 import socket
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -468,6 +469,102 @@ def test_a_database_locked_by_another_process_is_a_clear_startup_error(workdir: 
         assert daemon.get("/healthz").status_code == 200
 
 
+def _locked_for_writers(db: Path) -> bool:
+    """Whether a writer (``BEGIN IMMEDIATE``, as the daemon's) is refused at once."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc)
+    else:
+        conn.rollback()
+        return False
+    finally:
+        conn.close()
+
+
+def _hold_lock(db: Path, seconds: float, held: threading.Event) -> tuple[float, float]:
+    """Hold ``db``'s write lock from another process for ``seconds``; returns from when to
+    when (epoch seconds), having checked at both ends that it blocks writers."""
+    with sqlite_lock(db):
+        assert _locked_for_writers(db), "the holder must block every writer"
+        locked_at = time.time()
+        held.set()
+        time.sleep(seconds)
+        assert _locked_for_writers(db), "still locked: nothing was written meanwhile"
+        return locked_at, time.time()
+
+
+def _timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = call()
+    return response, time.monotonic() - started
+
+
+def test_a_database_locked_while_serving_delays_records_never_requests(workdir: Path) -> None:
+    services = {
+        "chat": demo_service(workdir, ["m-chat"], residency="pinned"),
+        "other": demo_service(workdir, ["m-other"], load_seconds=0.5),
+    }
+    with running_daemon(policy_yaml(services), workdir) as daemon:
+        daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
+        assert ask(daemon, "m-chat").status_code == 200  # warm
+        load = lambda: daemon.post("/api/services/other/load", timeout=30)  # noqa: E731
+        loaded, normal_load_s = _timed(load)
+        assert loaded.status_code == 200, loaded.text
+        assert daemon.post("/api/services/other/unload", timeout=30).status_code == 200
+        daemon.wait_for(lambda: daemon.service("other")["state"] == "stopped")
+        served_before = daemon.service("chat")["requests_served"]
+
+        warm: list[float] = []
+        held = threading.Event()
+        with ThreadPoolExecutor(3) as pool:
+            holder = pool.submit(_hold_lock, daemon.db, 5.0, held)
+            assert held.wait(10)
+            pending = pool.submit(_timed, load)
+            # Reads answer too: they wait for the writer a bounded while (2 s), then
+            # say what is committed.
+            reading = pool.submit(_timed, lambda: daemon.get("/api/events", timeout=30))
+            while not holder.done():
+                answer, seconds = _timed(lambda: ask(daemon, "m-chat"))
+                assert answer.status_code == 200, answer.text
+                warm.append(seconds)
+                time.sleep(0.2)
+            locked_at, released_at = holder.result()
+            loaded, load_s = pending.result(timeout=30)
+            events, events_s = reading.result(timeout=30)
+
+        assert warm and max(warm) < 1.0, f"warm requests during the lock took {warm}"
+        assert loaded.status_code == 200 and loaded.json()["state"] == "ready", loaded.text
+        assert load_s < normal_load_s + 2.0, (load_s, normal_load_s)
+        assert events.status_code == 200 and events_s < 4, events_s
+        # Once released, every record of the lock's period is in the database.
+        during = [e for e in daemon.events(limit=5000) if locked_at <= e["ts"] <= released_at]
+        mine = [(e["kind"], e["service"]) for e in during]
+        assert ("operator", "other") in mine and ("load", "other") in mine, mine
+        states = [e["message"] for e in during if e["kind"] == "state"]
+        assert any("other: starting -> ready" in m for m in states), states
+        with sqlite3.connect(daemon.db) as db:
+            instance = db.execute(
+                "select started_at, ready_at from instances where service = 'other' "
+                "order by id desc limit 1"
+            ).fetchone()
+            device_samples = db.execute(
+                "select count(*) from device_samples where ts between ? and ?",
+                (locked_at, released_at),
+            ).fetchone()[0]
+            served = db.execute(
+                "select max(requests_served) from instance_samples "
+                "where service = 'chat' and ts between ? and ?",
+                (locked_at, released_at),
+            ).fetchone()[0]
+        db.close()
+        assert locked_at <= instance[0] <= instance[1] <= released_at, instance
+        # One sample per 0.2 s is taken; on a busy machine at least a third of them.
+        assert device_samples >= (released_at - locked_at) / 0.2 / 3, device_samples
+        assert served >= served_before + len(warm) - 1, (served, served_before, len(warm))
+
+
 def test_a_read_only_database_is_a_clear_startup_error(workdir: Path) -> None:
     _policy_with_one_service(workdir)
     with tmpfs("4m") as disk:
@@ -547,15 +644,19 @@ def test_a_blocked_event_loop_is_noticed_reported_and_recovered(workdir: Path) -
     with running_daemon(policy_yaml(services), workdir, env=env) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         assert _health(daemon)["last_stall"] is None
-        # A decision stuck in a blocking call: the orchestrator records events to SQLite
-        # on the loop, so while another process holds the write lock the loop stands
-        # still (up to the busy timeout), and nothing on it can report the stall.
+        # A decision stuck in a blocking call: applying a policy stores its version on
+        # the loop (the answer carries the version number), so while another process
+        # holds the write lock the loop stands still (up to the busy timeout), and
+        # nothing on it can report the stall. Records go through the store writer and
+        # are no such call.
+        changed = policy_yaml({"chat": dict(services["chat"], priority=101)})
         with ThreadPoolExecutor(1) as pool:
             with sqlite_lock(daemon.db):
-                url = f"{daemon.url}/api/services/chat/unload"
-                pending = pool.submit(httpx.post, url, timeout=30)
+                url = f"{daemon.url}/api/policy"
+                pending = pool.submit(httpx.post, url, content=changed, timeout=30)
                 time.sleep(3)
-            assert pending.result(timeout=30).status_code == 200
+            applied = pending.result(timeout=30)
+            assert applied.status_code == 200 and applied.json()["changed"], applied.text
         daemon.wait_for(lambda: _health(daemon)["last_stall"] is not None)
         stall = _health(daemon)["last_stall"]
         assert stall["blocked_s"] >= 1.0

@@ -36,7 +36,7 @@ from service.scheduler import (
 )
 from service.settings import Settings
 from service.sleeping import SleepMode
-from service.store import Store, open_store, queries
+from service.store import Store, StoreWriter, open_store, queries
 from service.windows import Windows
 
 MiB = 1024**2
@@ -132,6 +132,7 @@ class Kit:
     policy: Policy
     clock: FakeClock
     store: Store
+    writer: StoreWriter
     events: EventLog
     runtimes: RuntimeTable
     launcher: FakeLauncher
@@ -164,6 +165,8 @@ class Kit:
 async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
     clock = FakeClock()
     store = open_store(tmp_path / "vramd.db")
+    writer = StoreWriter(store)
+    writer.start()
     policy = load_policy(POLICY)
     http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
     launcher = FakeLauncher()
@@ -172,7 +175,8 @@ async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
         policy,
         clock,
         store,
-        EventLog(store, clock),
+        writer,
+        EventLog(writer, clock),
         runtimes,
         launcher,
         FakeProbe(),
@@ -182,6 +186,7 @@ async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
     for rt in runtimes.values():
         await rt.instance.stop("test over", timeout_s=1)
     await runtimes.aclose()
+    writer.close()
     store.close()
 
 
@@ -194,6 +199,7 @@ def sampler(kit: Kit, view: SchedulerFigures, found: list[tuple[str, Finding]]) 
         last=kit.last,
         probe=kit.probe,
         store=kit.store,
+        writer=kit.writer,
         clock=kit.clock,
         interval_s=1.0,
     )
@@ -211,7 +217,8 @@ async def test_a_sample_feeds_the_resident_footprints_and_keeps_the_peak(kit: Ki
     assert dict(event.footprints) == {"chat": 90 * MiB}  # only running instances
     assert (rt.footprint, rt.peak) == (90 * MiB, 90 * MiB)
     assert kit.last.reading is not None and kit.last.at == kit.clock.monotonic()
-    with kit.store.session() as session:
+    assert kit.writer.flush(5.0)
+    with kit.store.read() as session:
         assert len(queries.instance_samples(session, service="chat", limit=10)) == 1
 
 
@@ -278,7 +285,8 @@ async def test_an_out_of_memory_load_makes_room_and_leaves_an_incident(
     assert kit.fed == [MakeRoom("chat", "its load failed with out-of-memory")]
     assert rt.oom_incident is not None
     doctor.verdict(rt, retry_succeeded=True)
-    with kit.store.session() as session:
+    assert kit.writer.flush(5.0)
+    with kit.store.read() as session:
         (incident,) = queries.list_incidents(session, limit=10)
     assert (incident.kind, incident.verdict) == ("load", "fragmentation")
 

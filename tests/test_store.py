@@ -306,6 +306,34 @@ def test_instances_are_live_until_their_exit_is_recorded(store: Store) -> None:
     )
 
 
+def test_recent_peaks_are_each_services_last_instances_newest_first(store: Store) -> None:
+    peaks = {"chat": [10, None, 30, 40, 0, 60, 70], "embed": [5]}
+    with store.session() as s:
+        for service, values in peaks.items():
+            for peak in values:
+                instance = queries.record_instance_spawn(
+                    s,
+                    service=service,
+                    pid=1,
+                    pgid=1,
+                    proc_start_time=0.0,
+                    port=1,
+                    device=0,
+                    started_at=0.0,
+                )
+                queries.record_instance_exit(
+                    s,
+                    instance_id=instance,
+                    stopped_at=1.0,
+                    exit_code=0,
+                    reason="stopped",
+                    peak_bytes=peak,
+                )
+    with store.read() as s:
+        recent = queries.recent_peaks(s, per_service=5)
+    assert recent == {"chat": [70, 60, None, 40, 30], "embed": [5]}
+
+
 def test_reaped_instances_are_marked(store: Store) -> None:
     with store.session() as s:
         i = queries.record_instance_spawn(

@@ -1,4 +1,11 @@
-"""The admin API (``/api``) and ``/healthz``: thin routes that ask the orchestrator."""
+"""The admin API (``/api``) and ``/healthz``: thin routes that ask the orchestrator.
+
+Routes that read the store do it in a read-only session (``store.read()``), which never
+waits for SQLite's write lock. The daemon's own records reach SQLite through the store
+writer; a route that reads them (events, samples, incidents) first waits, a bounded
+while, for the writer to commit what it holds, so a client reads its own writes: an
+action's events are there as soon as the action has answered.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service import __version__
 from service.api.auth import require_admin_key
-from service.api.deps import OrchestratorDep, StoreDep
+from service.api.deps import OrchestratorDep, StoreDep, WriterDep
 from service.api.errors import error_response
 from service.api.openai import read_body
 from service.errors import InvalidRequest, PolicyError
 from service.policy import MAX_WINDOW_S, NAME_PATTERN
-from service.store import queries
+from service.store import StoreWriter, queries
 from service.units import parse_duration
 
 # /healthz stays open (load balancers, systemd, Docker health checks); /api needs the
@@ -29,6 +36,14 @@ health_router = APIRouter()
 MAX_POLICY_BYTES = 1024**2  # a policy is a few kilobytes; this only stops abuse
 MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger id is a 400, not a 500
 router = APIRouter(dependencies=[Depends(require_admin_key)])
+# How long a read waits for the writer to commit the daemon's records; past it (the
+# database is locked by another process) it answers with what is committed.
+READ_YOUR_WRITES_S = 2.0
+
+
+async def committed(writer: StoreWriter) -> None:
+    """Let the store writer commit what was recorded before this request (bounded)."""
+    await writer.flushed(READ_YOUR_WRITES_S)
 
 
 @health_router.get("/healthz")
@@ -104,7 +119,7 @@ async def apply_policy(
 
 @router.get("/api/policy/history")
 async def policy_history(store: StoreDep) -> dict[str, Any]:
-    with store.session() as session:
+    with store.read() as session:
         return {
             "versions": [
                 {
@@ -124,7 +139,7 @@ async def rollback(
     version: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep, orchestrator: OrchestratorDep
 ) -> dict[str, Any] | JSONResponse:
     """Apply an earlier version's text again (as a new version)."""
-    with store.session() as session:
+    with store.read() as session:
         row = queries.get_policy_version(session, version=version)
         text = row.text if row is not None else None
     if text is None:
@@ -209,7 +224,7 @@ async def policy(
     format: Annotated[str, Query(pattern="^(json|yaml)$")] = "json",
 ) -> dict[str, Any] | Response:
     """The active policy: its version, hash, source and full YAML text."""
-    with store.session() as session:
+    with store.read() as session:
         active = queries.active_policy_version(session)
         if active is None:
             return JSONResponse({"version": None, "text": None})
@@ -235,9 +250,12 @@ async def events(
     service: str | None = None,
     kind: str | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    *,
+    writer: WriterDep,
 ) -> dict[str, Any]:
     """Persisted events, oldest first; page forward with ``since`` = the last id seen."""
-    with store.session() as session:
+    await committed(writer)
+    with store.read() as session:
         rows = queries.list_events(
             session, since_id=since, since_ts=since_ts, service=service, kind=kind, limit=limit
         )
@@ -287,10 +305,13 @@ async def memory(
     orchestrator: OrchestratorDep,
     since: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
     limit: Annotated[int, Query(ge=1, le=20000)] = 3600,
+    *,
+    writer: WriterDep,
 ) -> dict[str, Any]:
     """The service's memory samples (1 s for the last hour, 1 min for a week)."""
     orchestrator.runtime(name)  # 404 for an unknown service
-    with store.session() as session:
+    await committed(writer)
+    with store.read() as session:
         rows = queries.instance_samples(session, service=name, since_ts=since, limit=limit)
         samples = [
             {
@@ -310,9 +331,10 @@ async def memory(
 
 @router.get("/api/incidents")
 async def incidents(
-    store: StoreDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    store: StoreDep, writer: WriterDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> dict[str, Any]:
-    with store.session() as session:
+    await committed(writer)
+    with store.read() as session:
         return {
             "incidents": [
                 {
@@ -330,9 +352,10 @@ async def incidents(
 
 @router.get("/api/incidents/{incident_id}")
 async def incident(
-    incident_id: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep
+    incident_id: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep, writer: WriterDep
 ) -> dict[str, Any]:
-    with store.session() as session:
+    await committed(writer)
+    with store.read() as session:
         row = queries.get_incident(session, id=incident_id)
         if row is None:
             raise HTTPException(404, f"no incident {incident_id}")

@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 
 from service.metrics import Metrics
 from service.orchestrator import Orchestrator
-from service.store import Store
+from service.store import Store, StoreWriter
 
 
 def get_orchestrator(request: Request) -> Orchestrator:
@@ -31,6 +31,12 @@ def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
+def get_writer(request: Request) -> StoreWriter:
+    writer: StoreWriter = request.app.state.daemon.writer
+    return writer
+
+
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 OrchestratorDep = Annotated[Orchestrator, Depends(get_orchestrator)]
 StoreDep = Annotated[Store, Depends(get_store)]
+WriterDep = Annotated[StoreWriter, Depends(get_writer)]

@@ -5,6 +5,12 @@ Usage::
     store = open_store(settings.database)      # creates, migrates, checks it can write
     with store.session() as session:           # one transaction
         queries.record_event(session, ts=clock.now(), kind="load", message="...")
+    with store.read() as session:              # never waits for the write lock
+        queries.list_events(session, limit=10)
+    writer = StoreWriter(store)                # the daemon's writes: a queue and a thread
+    writer.start()
+    writer.put(lambda session: queries.downsample(session, now=clock.now()))
+    writer.close()
     store.close()
 
 Schema changes go through Alembic revisions in the top-level ``migrations/`` directory.
@@ -27,6 +33,7 @@ from service.store.models import (
     ServiceRule,
     ServiceStats,
 )
+from service.store.writer import StoreWriter
 
 __all__ = [
     "Base",
@@ -41,6 +48,7 @@ __all__ = [
     "ServiceRule",
     "ServiceStats",
     "Store",
+    "StoreWriter",
     "migrations_dir",
     "open_store",
     "queries",

@@ -16,7 +16,9 @@ ourselves at the start of every transaction. IMMEDIATE takes the write lock up f
 a read-then-write (activating a policy version, bumping a counter) cannot fail half-way
 with SQLITE_BUSY, which the busy timeout cannot retry; in WAL mode readers outside
 vramd are not blocked by it. Migrations run inside one such transaction, so a failed
-migration leaves the file as it was.
+migration leaves the file as it was. ``store.read()`` is the exception: a read-only
+transaction starts with a plain (deferred) ``BEGIN`` and never asks for the write lock, so
+with WAL it reads the last committed state even while another process holds that lock.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.errors import StoreError
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+# An execution option: transactions of ``Store.read()`` begin deferred (see above).
+READ_ONLY = "vramd_read_only"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -78,7 +82,8 @@ def make_engine(url: str | URL, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_M
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        reading = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -94,6 +99,9 @@ class Store:
         self.engine = engine
         self.path = path
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
+        )
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -104,6 +112,20 @@ class Store:
         """
         try:
             with self._sessions.begin() as session:
+                yield session
+        except sqlalchemy.exc.OperationalError as exc:
+            raise StoreError(explain_sqlite_error(exc, self.path)) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session: it sees the last commit and never waits for the write lock.
+
+        For reads on the event loop (the API): with WAL a reader is not blocked by a
+        writer, not even by another process holding ``BEGIN EXCLUSIVE``. Writes belong
+        in ``session()`` (or the store writer): closing this session rolls back.
+        """
+        try:
+            with self._readers() as session:
                 yield session
         except sqlalchemy.exc.OperationalError as exc:
             raise StoreError(explain_sqlite_error(exc, self.path)) from exc
@@ -147,7 +169,7 @@ def explain_sqlite_error(exc: BaseException, path: Path) -> str:
     code = getattr(cause, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     lowered = detail.lower()
-    if primary in (5, 6) or "locked" in lowered:  # SQLITE_BUSY, SQLITE_LOCKED
+    if is_busy(exc):
         return (
             f"database {path} is locked by another process (waited for the busy timeout); "
             "is another vramd running on the same file?"
@@ -167,6 +189,15 @@ def explain_sqlite_error(exc: BaseException, path: Path) -> str:
             "directory exist and are writable"
         )
     return f"database {path} cannot be used: {detail}"
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (possibly wrapped) is SQLite's "database is locked": worth a retry."""
+    cause = _sqlite_cause(exc)
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in (5, 6):  # SQLITE_BUSY, SQLITE_LOCKED
+        return True
+    return "locked" in str(cause if cause is not None else exc).lower()
 
 
 # In WAL mode a full disk first shows as SQLITE_IOERR_SHMSIZE (growing the -shm file)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from service.store.models import Event, Incident, InstanceRecord, MaintenanceRun
@@ -19,6 +19,7 @@ from service.store.models import Event, Incident, InstanceRecord, MaintenanceRun
 def record_instance_spawn(
     session: Session,
     *,
+    id: int | None = None,
     service: str,
     pid: int,
     pgid: int,
@@ -30,9 +31,11 @@ def record_instance_spawn(
     """Record a process the moment it is spawned; returns the instance id.
 
     Written before the runtime is ready so that a daemon crash during a slow load still
-    leaves enough (pid, start time) for the next daemon to reap it.
+    leaves enough (pid, start time) for the next daemon to reap it. ``id`` is the one
+    the store writer counted (see ``last_ids``); without it SQLite picks the next.
     """
     record = InstanceRecord(
+        id=id,
         service=service,
         pid=pid,
         pgid=pgid,
@@ -93,6 +96,44 @@ def list_instances(
     return list(session.scalars(stmt))
 
 
+def recent_peaks(session: Session, *, per_service: int) -> dict[str, list[int | None]]:
+    """The peaks of each service's last ``per_service`` instances, newest first (None
+    where an instance left no peak): what the learned peak is taken from."""
+    newest = func.row_number().over(
+        partition_by=InstanceRecord.service, order_by=InstanceRecord.id.desc()
+    )
+    ranked = select(
+        InstanceRecord.service, InstanceRecord.peak_bytes, newest.label("rank")
+    ).subquery()
+    stmt = (
+        select(ranked.c.service, ranked.c.peak_bytes)
+        .where(ranked.c.rank <= per_service)
+        .order_by(ranked.c.service, ranked.c.rank)
+    )
+    peaks: dict[str, list[int | None]] = {}
+    for service, peak in session.execute(stmt):
+        peaks.setdefault(service, []).append(peak or None)
+    return peaks
+
+
+def last_ids(session: Session) -> dict[str, int]:
+    """The largest id used so far in ``events`` and ``instances`` (0 for none).
+
+    The daemon is the database's only writer (``DatabaseLock``), so it counts the ids of
+    new rows itself from these and a producer knows a row's id before it is written.
+    ``events`` is AUTOINCREMENT: an id of a pruned event is never given out again.
+    """
+    found = {
+        "events": session.scalar(select(func.max(Event.id))) or 0,
+        "instances": session.scalar(select(func.max(InstanceRecord.id))) or 0,
+    }
+    sequence = session.execute(
+        text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+    ).scalar()
+    found["events"] = max(found["events"], int(sequence or 0))
+    return found
+
+
 def _instance(session: Session, instance_id: int) -> InstanceRecord:
     record = session.get(InstanceRecord, instance_id)
     if record is None:
@@ -106,6 +147,7 @@ def _instance(session: Session, instance_id: int) -> InstanceRecord:
 def record_event(
     session: Session,
     *,
+    id: int | None = None,
     ts: float,
     kind: str,
     message: str,
@@ -114,6 +156,7 @@ def record_event(
     data: dict[str, Any] | None = None,
 ) -> Event:
     event = Event(
+        id=id,
         ts=ts,
         kind=kind,
         message=message,

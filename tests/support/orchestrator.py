@@ -7,9 +7,10 @@
     daemon.events(kind="evict")                 # persisted events, oldest first
     await harness.close()                       # close() every orchestrator, then check
 
-The orchestrator is wired by ``service.app.build_orchestrator`` (policy parsed from text, a
-fresh SQLite file in the test's temp directory, ``create_probe("host")``, the system
-clock, the real subprocess launcher), minus the HTTP app. Services run
+The orchestrator is wired by ``service.app.build_orchestrator`` (policy parsed from
+text, a fresh SQLite file in the test's temp directory and its store writer,
+``create_probe("host")``, the system clock, the real subprocess launcher), minus the
+HTTP app. Services run
 ``python -m service.demo_runtime`` on a free loopback port. ``close`` always stops every
 runtime through ``Orchestrator.close`` and then fails if a demo runtime child survived
 (after killing it, so one broken test does not leak processes into the next).
@@ -34,7 +35,7 @@ from service.devices import DeviceProbe, create_probe
 from service.orchestrator import Orchestrator
 from service.policy import load_policy
 from service.settings import Settings
-from service.store import Store, open_store, queries
+from service.store import Store, StoreWriter, open_store, queries
 from service.supervisor import ProcessLauncher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,13 +118,16 @@ def policy_text(
 class RunningDaemon:
     orchestrator: Orchestrator
     store: Store
+    writer: StoreWriter
     probe: DeviceProbe
 
     def events(
         self, *, kind: str | None = None, service: str | None = None
     ) -> list[dict[str, Any]]:
-        """Persisted events (oldest first) as plain dicts, read back from SQLite."""
-        with self.store.session() as session:
+        """Persisted events (oldest first) as plain dicts, read back from SQLite once the
+        writer has committed what was recorded before the call."""
+        assert self.writer.flush(10.0), "the store writer did not commit within 10s"
+        with self.store.read() as session:
             rows = queries.list_events(session, kind=kind, service=service, limit=100_000)
             return [
                 {
@@ -166,16 +170,19 @@ class OrchestratorHarness:
         config.write_text(text, encoding="utf-8")
         policy = load_policy(text)
         store = open_store(self._tmp_path / f"vramd-{index}.db")
+        writer = StoreWriter(store)
+        writer.start()
         probe = self._probe or create_probe("host")
         orchestrator = build_orchestrator(
             policy=policy,
             store=store,
+            writer=writer,
             probe=probe,
             clock=SystemClock(),
             settings=Settings(config=config, settle_timeout=self._settle_timeout, **self._settings),
             launcher=self._launcher,
         )
-        daemon = RunningDaemon(orchestrator, store, probe)
+        daemon = RunningDaemon(orchestrator, store, writer, probe)
         # Registered before start(): a start that fails half-way is still closed.
         self._running.append(daemon)
         await orchestrator.start()
@@ -191,6 +198,7 @@ class OrchestratorHarness:
                 errors.append(exc)
             finally:
                 daemon.probe.close()
+                daemon.writer.close()
                 daemon.store.close()
         self._running.clear()
         survivors = await surviving_demo_children()
