@@ -24,6 +24,10 @@ that the container cannot see: run it with ``pid: host`` (docs/deployment.md).
 Children run as ``python -m service.gpucheck --child ...`` in their own process group;
 each prints one JSON line once its allocation is done and holds it until its stdin
 closes or it is killed.
+
+Why one module of more than 500 lines: it is a standalone program run by hand on a
+GPU box, often copied there alone; the child it starts is this same file, and every
+check reads top to bottom as one procedure. Nothing in the daemon imports it.
 """
 
 from __future__ import annotations
