@@ -122,21 +122,18 @@ def policy_text(
     *,
     budget: str,
     headroom: str = "64MiB",
-    sample_interval: str = "1s",
+    sample_interval: str | None = "1s",
     defaults: Mapping[str, Any] | None = None,
 ) -> str:
-    """A host-backend policy around ``services`` (name -> service keys), as YAML text.
+    """A host-backend policy around ``services`` (name -> service keys), as YAML text;
+    ``sample_interval=None`` leaves the policy's default.
 
     JSON is YAML, so each value is written as JSON: no YAML library needed to build it.
     """
-    lines = [
-        "version: 1",
-        "device:",
-        "  backend: host",
-        f"  budget: {budget}",
-        f"  headroom: {headroom}",
-        f"  sample_interval: {sample_interval}",
-    ]
+    lines = ["version: 1", "device:", "  backend: host", f"  budget: {budget}"]
+    lines.append(f"  headroom: {headroom}")
+    if sample_interval is not None:
+        lines.append(f"  sample_interval: {sample_interval}")
     if defaults:
         lines.append(f"defaults: {json.dumps(dict(defaults))}")
     lines.append("services:")
@@ -196,7 +193,7 @@ def running_vramd(
             config = workdir / "policy.yaml"
             config.write_text(policy, encoding="utf-8")
         port = free_port()
-        argv = argv_prefix or [sys.executable, "-m", "service.cli"]
+        argv = list(argv_prefix or [sys.executable, "-m", "service.cli"])
         argv += ["serve", "--config", str(config), "--port", str(port)]
         argv += ["--db", str(workdir / "vramd.db")]
         # The daemon's own settings come from the environment: start from none of them.

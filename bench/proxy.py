@@ -8,7 +8,7 @@ By default it starts, as real processes on free loopback ports:
 
 - ``vramd serve`` on a generated policy with one pinned chat service, ``bench``, that
   runs the demo runtime answering without delay (``--latency-ms 0 --chunk-delay-ms 0``,
-  5 events per stream);
+  ``--chunks`` events per stream, 5 by default);
 - the bare relay of ``bench.relay`` (FastAPI, one ``httpx.AsyncClient``, the answer
   streamed through), under uvicorn configured as vramd configures it;
 
@@ -73,12 +73,12 @@ T = TypeVar("T")
 COLUMNS = ("mode", "conc", "side", "p50", "p90", "p99", "+p50", "+p90", "+p99", "req/s")
 
 
-def bench_policy() -> str:
+def bench_policy(chunks: int = 5) -> str:
     """One pinned chat service; its limits far above what the benchmark sends at once."""
     service = {
         "kind": "chat",
         "models": [SERVICE],
-        "command": demo_command(),
+        "command": demo_command("--chunks", str(chunks)),
         "memory": {"estimate": "64MiB"},
         "residency": "pinned",
         "max_concurrency": 64,
@@ -270,6 +270,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sides", type=_list(str, SIDES), default=["direct", "vramd", "relay"], help=str(SIDES)
     )
+    parser.add_argument(
+        "--chunks", type=int, default=5, help="events in a streamed answer (demo --chunks)"
+    )
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--markdown", help="write the table to this file")
     parser.add_argument("--target", help="an already-running vramd (default: start one)")
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
         if args.target is None:
-            vramd = stack.enter_context(running_vramd(bench_policy()))
+            vramd = stack.enter_context(running_vramd(bench_policy(args.chunks)))
             vramd.wait_ready([SERVICE])
             target = vramd.url
         else:
@@ -307,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "samples": args.rounds * args.per_round,
             "warmup": args.warmup,
-            "runtime": "service.demo_runtime --latency-ms 0 --chunk-delay-ms 0 (5 events)",
+            "runtime": "service.demo_runtime --latency-ms 0 --chunk-delay-ms 0",
+            "stream_events": args.chunks,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_before": loadavg_before,
