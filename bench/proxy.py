@@ -73,18 +73,29 @@ T = TypeVar("T")
 COLUMNS = ("mode", "conc", "side", "p50", "p90", "p99", "+p50", "+p90", "+p99", "req/s")
 
 
-def bench_policy(chunks: int = 5) -> str:
-    """One pinned chat service; its limits far above what the benchmark sends at once."""
-    service = {
-        "kind": "chat",
-        "models": [SERVICE],
-        "command": demo_command("--chunks", str(chunks)),
-        "memory": {"estimate": "64MiB"},
-        "residency": "pinned",
-        "max_concurrency": 64,
-        "queue": {"max": 256, "timeout": "60s"},
+def bench_policy(chunks: int = 5, idle_services: int = 0) -> str:
+    """One pinned chat service, its limits far above what the benchmark sends at once;
+    and ``idle_services`` on-demand ones that nobody asks for (a policy's size is part
+    of what a request costs: the scheduler's pass looks at every service)."""
+    services: dict[str, dict[str, Any]] = {
+        SERVICE: {
+            "kind": "chat",
+            "models": [SERVICE],
+            "command": demo_command("--chunks", str(chunks)),
+            "memory": {"estimate": "64MiB"},
+            "residency": "pinned",
+            "max_concurrency": 64,
+            "queue": {"max": 256, "timeout": "60s"},
+        }
     }
-    return policy_text({SERVICE: service}, budget="1GiB")
+    for i in range(idle_services):
+        services[f"idle-{i:02d}"] = {
+            "kind": "chat",
+            "models": [f"idle-{i:02d}"],
+            "command": demo_command(),
+            "memory": {"estimate": "64MiB"},
+        }
+    return policy_text(services, budget="4GiB")
 
 
 @contextlib.contextmanager
@@ -273,6 +284,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--chunks", type=int, default=5, help="events in a streamed answer (demo --chunks)"
     )
+    parser.add_argument(
+        "--idle-services", type=int, default=0, help="on-demand services besides 'bench'"
+    )
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--markdown", help="write the table to this file")
     parser.add_argument("--target", help="an already-running vramd (default: start one)")
@@ -287,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
         if args.target is None:
-            vramd = stack.enter_context(running_vramd(bench_policy(args.chunks)))
+            policy = bench_policy(args.chunks, args.idle_services)
+            vramd = stack.enter_context(running_vramd(policy))
             vramd.wait_ready([SERVICE])
             target = vramd.url
         else:
@@ -312,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup,
             "runtime": "service.demo_runtime --latency-ms 0 --chunk-delay-ms 0",
             "stream_events": args.chunks,
+            "idle_services": args.idle_services,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_before": loadavg_before,
