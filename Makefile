@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces clean db-upgrade
+.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -69,6 +69,16 @@ bench-sweep: $(VENV)/.installed-dev
 # How the protect defaults were chosen (docs/benchmarks.md#protect); about 15 minutes.
 bench-tune: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.tune --json bench/out/tune.json
+
+# What vramd adds to a warm request, against the runtime direct and a bare FastAPI+httpx
+# relay (docs/benchmarks.md, "The hot path"); about half a minute.
+bench-proxy: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.proxy --json bench/out/proxy.json --markdown bench/out/proxy.md
+
+# What an idle daemon costs: CPU and RSS on the demo policy and on twenty services
+# (docs/benchmarks.md, "Idle cost"); about a minute and a half.
+bench-idle: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.idle --json bench/out/idle.json --markdown bench/out/idle.md
 
 # Regenerates the committed traces (deterministic: the same files every time).
 bench-traces: $(VENV)/.installed-dev

@@ -1,301 +1,343 @@
-"""What the proxy adds to a request: direct to a runtime vs through vramd's /v1 router.
+"""What vramd adds to a request on a warm runtime, against the runtime direct and a bare relay.
 
-    python -m bench.proxy [--n 2000] [--m 50] [--json OUT]
-    python -m bench.proxy --target http://127.0.0.1:8400 --model NAME [--runtime URL]
+    python -m bench.proxy [--concurrency 1,4,16] [--rounds 5] [--per-round 100]
+                          [--sides direct,vramd,relay] [--json OUT] [--markdown OUT]
+    python -m bench.proxy --target http://127.0.0.1:8400 --model NAME [--api-key KEY]
 
-By default it starts a demo runtime (``--latency-ms 0 --chunk-delay-ms 0``) and, in a
-second process, a uvicorn server running the /v1 router in front of it with a static
-lease provider (``python -m bench.proxy serve ...``): the same code path as a request to
-``vramd serve`` after the orchestrator has granted a lease. With ``--target`` it measures
-an already-running vramd instead, and compares with ``--runtime`` when given.
+By default it starts, as real processes on free loopback ports:
 
-It sends N small non-streaming chat requests and M streaming ones, alternating direct and
-proxied so that drift in the machine's load hits both alike, each over one keep-alive
-client, one at a time. It prints p50 / p99 latency, the milliseconds the proxy adds, and
-the time to the first streamed chunk. Not a test: the figures depend on the machine.
+- ``vramd serve`` on a generated policy with one pinned chat service, ``bench``, that
+  runs the demo runtime answering without delay (``--latency-ms 0 --chunk-delay-ms 0``,
+  ``--chunks`` events per stream, 5 by default);
+- the bare relay of ``bench.relay`` (FastAPI, one ``httpx.AsyncClient``, the answer
+  streamed through), under uvicorn configured as vramd configures it;
 
-The clients ask for immediate ACKs (``TCP_QUICKACK``, Linux), as the proxy does towards
-runtimes: the demo runtime, like any ``http.server``, sends headers and body separately
-without ``TCP_NODELAY``, and a client that delays its ACK waits ~40 ms for every body.
-Without this the direct figures would measure that stall, not the runtime.
+and measures three sides against the *same runtime process*:
+
+- ``direct``: the runtime vramd started, on the port ``GET /api/services/bench`` gives.
+  The same process rather than a second identical one, so that a difference between the
+  sides is the path, never two runtimes' different warmth or placement; and on two cores
+  a second runtime would be one more process competing for them.
+- ``vramd``: through the daemon's ``/v1``, the whole path: key check, body and model
+  parsing, admission (the orchestrator's lease), the proxy, release.
+- ``relay``: through the bare relay, the floor for a Python relay on the same stack.
+
+``--sides`` may add ``router``: vramd's own ``/v1`` router and proxy with a lease provider
+that grants at once (``bench.relay --app router``, what this benchmark measured before),
+which splits vramd's extra time into the HTTP side and the kernel's.
+
+For each mode (non-streaming chat; streaming chat: time to the first event and to the
+end) and each concurrency, each side first gets ``--warmup`` requests that are thrown
+away, then ``--rounds`` rounds of ``--per-round`` requests, the sides taking turns within
+each round in a rotating order, so that the machine's drift hits all of them alike. The
+report gives p50 / p90 / p99 per side, what each adds over ``direct`` at the same
+percentile, and requests per second. Not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
 import platform
-import signal
-import socket
-import statistics
-import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.load import Burst, Target, burst, percentile
+from bench.processes import (
+    answers,
+    demo_command,
+    free_port,
+    policy_text,
+    running_vramd,
+    spawn,
+    wait_until,
+)
+from bench.report import write_outputs
 
 CHAT_PATH = "/v1/chat/completions"
-WARMUP = 50
+SERVICE = "bench"
+SIDES = ("direct", "vramd", "relay", "router")
+MODES = ("chat", "stream")
+T = TypeVar("T")
+COLUMNS = ("mode", "conc", "side", "p50", "p90", "p99", "+p50", "+p90", "+p99", "req/s")
 
 
-# --- the proxy process --------------------------------------------------------------------
-
-
-class StaticLeases:
-    """A LeaseProvider with one always-ready runtime behind every model name."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.client: httpx.AsyncClient | None = None
-
-    def resolve(self, model: str, route: str) -> str:
-        return "bench"
-
-    async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
-    ) -> Any:
-        from service.proxy import Lease
-
-        assert self.client is not None
-        return Lease(request_id, service, self.upstream, self.client)
-
-    def release(self, lease: Any, *, outcome: str, error: str | None = None) -> None:
-        pass
-
-    def models(self) -> list[dict[str, Any]]:
-        return [{"id": "bench", "service": "bench", "kind": "chat", "state": "ready"}]
-
-
-def serve(upstream: str, port: int) -> None:
-    """Run the /v1 router in front of ``upstream`` until SIGTERM."""
-    import uvicorn
-    from fastapi import FastAPI
-
-    from service.api import openai
-    from service.api.auth import AuthConfig, install_auth
-    from service.api.errors import install_error_handlers
-    from service.proxy import ProxyConfig
-
-    leases = StaticLeases(upstream)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient() as client:
-            leases.client = client
-            yield
-
-    app = FastAPI(lifespan=lifespan)
-    install_error_handlers(app)
-    install_auth(app, AuthConfig())
-    app.state.proxy = ProxyConfig()
-    app.state.daemon = SimpleNamespace(orchestrator=leases)
-    app.include_router(openai.router)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def bench_policy(chunks: int = 5, idle_services: int = 0) -> str:
+    """One pinned chat service, its limits far above what the benchmark sends at once;
+    and ``idle_services`` on-demand ones that nobody asks for (a policy's size is part
+    of what a request costs: the scheduler's pass looks at every service)."""
+    services: dict[str, dict[str, Any]] = {
+        SERVICE: {
+            "kind": "chat",
+            "models": [SERVICE],
+            "command": demo_command("--chunks", str(chunks)),
+            "memory": {"estimate": "64MiB"},
+            "residency": "pinned",
+            "max_concurrency": 64,
+            "queue": {"max": 256, "timeout": "60s"},
+        }
+    }
+    for i in range(idle_services):
+        services[f"idle-{i:02d}"] = {
+            "kind": "chat",
+            "models": [f"idle-{i:02d}"],
+            "command": demo_command(),
+            "memory": {"estimate": "64MiB"},
+        }
+    return policy_text(services, budget="4GiB")
 
 
 @contextlib.contextmanager
-def spawn(argv: list[str], ready_url: str, timeout: float = 20.0) -> Iterator[None]:
-    """Run ``argv`` in its own process group until the block ends; wait for ``ready_url``."""
-    proc = subprocess.Popen(
-        argv,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,  # the demo runtime logs a line per request
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{argv} exited with {proc.returncode}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{ready_url} not ready after {timeout}s")
-            time.sleep(0.05)
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def reference_server(app: str, upstream: str, logs: Path) -> Iterator[str]:
+    """``bench.relay --app APP`` in front of ``upstream``; its log (uvicorn's access log,
+    as vramd's) goes to a file in ``logs``, as vramd's does."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.relay", "--app", app]
+    argv += ["--upstream", upstream, "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    ready = "/health" if app == "relay" else "/v1/models"
+    with spawn(argv, log=logs / f"{app}.log") as proc:
+        wait_until(answers(url + ready), timeout=30, what=f"bench.relay --app {app}", proc=proc)
+        yield url
 
 
-@dataclass
-class Side:
-    """Timings (seconds) of one side: direct or proxied."""
-
-    url: str
-    client: httpx.Client
-    chat: list[float] = field(default_factory=list)
-    first_chunk: list[float] = field(default_factory=list)
-    stream_total: list[float] = field(default_factory=list)
-
-    def request(self, payload: dict[str, Any], *, record: bool = True) -> None:
-        started = time.perf_counter()
-        with self.client.stream("POST", self.url + CHAT_PATH, json=payload) as response:
-            quick_ack(response)
-            response.read()
-        elapsed = time.perf_counter() - started
-        response.raise_for_status()
-        if record:
-            self.chat.append(elapsed)
-
-    def stream(self, payload: dict[str, Any], *, record: bool = True) -> None:
-        started = time.perf_counter()
-        first = None
-        with self.client.stream("POST", self.url + CHAT_PATH, json=payload) as response:
-            response.raise_for_status()
-            quick_ack(response)
-            for _ in response.iter_raw():
-                if first is None:
-                    first = time.perf_counter() - started
-                quick_ack(response)
-        total = time.perf_counter() - started
-        if record and first is not None:
-            self.first_chunk.append(first)
-            self.stream_total.append(total)
-
-    def figures(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, samples in (
-            ("chat", self.chat),
-            ("first_chunk", self.first_chunk),
-            ("stream_total", self.stream_total),
-        ):
-            if samples:
-                out[f"{name}_p50_ms"] = percentile(samples, 50) * 1000
-                out[f"{name}_p99_ms"] = percentile(samples, 99) * 1000
-                out[f"{name}_mean_ms"] = statistics.fmean(samples) * 1000
-        return out
+def runtime_of(target: str, model: str, headers: dict[str, str]) -> str:
+    """The base URL of the instance serving ``model`` behind a running vramd."""
+    models = httpx.get(target + "/v1/models", headers=headers, timeout=10).json()["data"]
+    service = next(m["service"] for m in models if m["id"] == model)
+    response = httpx.get(f"{target}/api/services/{service}", headers=headers, timeout=10)
+    response.raise_for_status()
+    port = response.json()["port"]
+    if port is None:
+        raise RuntimeError(f"service {service!r} is not running: no port to measure directly")
+    return f"http://127.0.0.1:{port}"
 
 
-def quick_ack(response: httpx.Response) -> None:
-    option = getattr(socket, "TCP_QUICKACK", None)
-    stream = response.extensions.get("network_stream")
-    if option is not None and stream is not None:
-        stream.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, option, 1)
+# --- measuring ----------------------------------------------------------------------------
 
 
-def percentile(samples: list[float], pct: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
-def run(sides: list[Side], model: str, n: int, m: int) -> None:
-    payload = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-    streamed = {**payload, "stream": True}
-    for i in range(WARMUP):
-        for side in sides:
-            side.request(payload, record=False)
-            if i < 5:
-                side.stream(streamed, record=False)
-    for i in range(n):
-        for side in sides if i % 2 else reversed(sides):
-            side.request(payload)
-    for i in range(m):
-        for side in sides if i % 2 else reversed(sides):
-            side.stream(streamed)
-
-
-def report(direct: Side | None, proxied: Side, args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "n": args.n,
-        "m": args.m,
-        "target": args.target or "bench.proxy serve (the /v1 router, static leases)",
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "proxied": proxied.figures(),
+def payloads(model: str) -> dict[str, bytes]:
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    return {
+        "chat": json.dumps(chat).encode(),
+        "stream": json.dumps({**chat, "stream": True}).encode(),
     }
-    rows = ["chat_p50_ms", "chat_p99_ms", "first_chunk_p50_ms", "first_chunk_p99_ms"]
-    rows += ["stream_total_p50_ms", "stream_total_p99_ms"]
-    print(f"{'':22}{'direct':>10}{'proxied':>10}{'added':>10}")
-    if direct is not None:
-        result["direct"] = direct.figures()
-        result["added_ms"] = {
-            key: result["proxied"][key] - result["direct"][key]
-            for key in rows
-            if key in result["proxied"] and key in result["direct"]
-        }
-    for key in rows:
-        d = result.get("direct", {}).get(key)
-        p = result["proxied"].get(key)
-        a = result.get("added_ms", {}).get(key)
-        cells = [f"{v:10.2f}" if v is not None else f"{'-':>10}" for v in (d, p)]
-        added = f"{a:+10.2f}" if a is not None else f"{'-':>10}"
-        print(f"{key.removesuffix('_ms'):22}{cells[0]}{cells[1]}{added}")
-    print(f"(ms; {args.n} chat requests and {args.m} streams per side, sequential, keep-alive)")
-    return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:
-        serving = argparse.ArgumentParser(prog="python -m bench.proxy serve")
-        serving.add_argument("--upstream", required=True)
-        serving.add_argument("--port", type=int, required=True)
-        ns = serving.parse_args(argv[1:])
-        serve(ns.upstream, ns.port)
-        return 0
+async def measure(
+    urls: dict[str, str], args: argparse.Namespace, headers: dict[str, str]
+) -> dict[tuple[str, int, str], list[Burst]]:
+    """Every (mode, concurrency, side): its measured bursts, warm-up left out."""
+    targets = {side: Target(url, CHAT_PATH, headers) for side, url in urls.items()}
+    bodies = payloads(args.model)
+    out: dict[tuple[str, int, str], list[Burst]] = {}
+    sides = list(targets)
+    try:
+        for mode in args.modes:
+            for conc in args.concurrency:
+                for side in sides:
+                    target = targets[side]
+                    request = target.request(bodies[mode])
+                    await burst(target, request, count=args.warmup, concurrency=conc)
+                for r in range(args.rounds):
+                    for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+                        target = targets[side]
+                        got = await burst(
+                            target,
+                            target.request(bodies[mode]),
+                            count=args.per_round,
+                            concurrency=conc,
+                        )
+                        out.setdefault((mode, conc, side), []).append(got)
+    finally:
+        for target in targets.values():
+            await target.close()
+    return out
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """On uvloop where installed: the servers run on it (uvicorn's "auto"), and the
+    client's own CPU time is the part of every figure that is nobody's overhead."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def figures(bursts: list[Burst], metric: str) -> dict[str, float]:
+    samples = [getattr(t, metric) * 1000 for b in bursts for t in b.timings]
+    rates = sorted(b.rate for b in bursts)
+    return {
+        "p50_ms": percentile(samples, 50),
+        "p90_ms": percentile(samples, 90),
+        "p99_ms": percentile(samples, 99),
+        "mean_ms": sum(samples) / len(samples),
+        "n": len(samples),
+        "req_per_s": rates[len(rates) // 2],  # the median round's
+    }
+
+
+METRICS = {"chat": (("chat", "total"),), "stream": (("ttfb", "first"), ("stream", "total"))}
+
+
+def rows(measured: dict[tuple[str, int, str], list[Burst]]) -> list[dict[str, Any]]:
+    out = []
+    for (mode, conc, side), bursts in measured.items():
+        for name, metric in METRICS[mode]:
+            row: dict[str, Any] = {"mode": name, "concurrency": conc, "side": side}
+            row |= figures(bursts, metric)
+            out.append(row)
+    direct = {(r["mode"], r["concurrency"]): r for r in out if r["side"] == "direct"}
+    for row in out:
+        base = direct.get((row["mode"], row["concurrency"]))
+        if base is not None and row["side"] != "direct":
+            row["added_ms"] = {p: row[f"{p}_ms"] - base[f"{p}_ms"] for p in ("p50", "p90", "p99")}
+    order = {name: i for i, name in enumerate(("chat", "ttfb", "stream"))}
+    side_order = {name: i for i, name in enumerate(SIDES)}
+    out.sort(key=lambda r: (order[r["mode"]], r["concurrency"], side_order[r["side"]]))
+    return out
+
+
+def table_rows(report: dict[str, Any]) -> list[list[str]]:
+    cells = []
+    for row in report["rows"]:
+        added = row.get("added_ms")
+        cells.append(
+            [
+                row["mode"],
+                str(row["concurrency"]),
+                row["side"],
+                *(f"{row[f'{p}_ms']:.2f}" for p in ("p50", "p90", "p99")),
+                *(f"{added[p]:+.2f}" if added else "" for p in ("p50", "p90", "p99")),
+                f"{row['req_per_s']:.0f}",
+            ]
+        )
+    return cells
+
+
+def caption(report: dict[str, Any]) -> str:
+    setup = report["setup"]
+    return (
+        f"bench.proxy: ms per request, {setup['samples']} measured per side and cell "
+        f"({setup['rounds']} interleaved rounds), on {setup['cpus']} CPUs, "
+        f"load {setup['loadavg_before'][0]:.2f} before / {setup['loadavg_after'][0]:.2f} after"
+    )
+
+
+def print_report(report: dict[str, Any]) -> None:
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    table = Table(title=caption(report), title_justify="left")
+    for i, column in enumerate(COLUMNS):
+        table.add_column(column, justify="left" if i < 3 else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    console.print("(+pNN: what the side adds over direct at that percentile)", markup=False)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"**{caption(report)}**", "", "| " + " | ".join(COLUMNS) + " |"]
+    lines.append("|" + "|".join(["---"] * 3 + ["--:"] * (len(COLUMNS) - 3)) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    return "\n".join(lines) + "\n"
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def _list(kind: type, choices: Sequence[str] | None = None) -> Any:
+    def parse(text: str) -> list[Any]:
+        values = [kind(part) for part in text.split(",") if part]
+        if choices is not None and (bad := set(values) - set(choices)):
+            raise argparse.ArgumentTypeError(f"unknown {sorted(bad)}; choose from {choices}")
+        return values
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.proxy",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--n", type=int, default=2000, help="non-streaming requests per side")
-    parser.add_argument("--m", type=int, default=50, help="streaming requests per side")
-    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--concurrency", type=_list(int), default=[1, 4, 16])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=100, help="requests per side a round")
+    parser.add_argument("--warmup", type=int, default=50, help="requests per side, not counted")
+    parser.add_argument("--modes", type=_list(str, MODES), default=list(MODES))
+    parser.add_argument(
+        "--sides", type=_list(str, SIDES), default=["direct", "vramd", "relay"], help=str(SIDES)
+    )
+    parser.add_argument(
+        "--chunks", type=int, default=5, help="events in a streamed answer (demo --chunks)"
+    )
+    parser.add_argument(
+        "--idle-services", type=int, default=0, help="on-demand services besides 'bench'"
+    )
+    parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--markdown", help="write the table to this file")
     parser.add_argument("--target", help="an already-running vramd (default: start one)")
-    parser.add_argument("--model", default="bench", help="model name to request")
-    parser.add_argument("--runtime", help="the runtime to compare with, with --target")
-    parser.add_argument("--api-key", help="bearer key for --target")
-    args = parser.parse_args(argv)
+    parser.add_argument("--model", default=SERVICE, help="with --target: the model to ask for")
+    parser.add_argument("--api-key", help="with --target: a bearer key for /v1 and /api")
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    loadavg_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
-        runtime, target = args.runtime, args.target
-        if target is None:
-            runtime_port, proxy_port = free_port(), free_port()
-            runtime = f"http://127.0.0.1:{runtime_port}"
-            demo = [sys.executable, "-m", "service.demo_runtime", "--port", str(runtime_port)]
-            demo += ["--model", args.model, "--latency-ms", "0", "--chunk-delay-ms", "0"]
-            stack.enter_context(spawn(demo, f"{runtime}/health"))
-            target = f"http://127.0.0.1:{proxy_port}"
-            proxy = [sys.executable, "-m", "bench.proxy", "serve", "--upstream", runtime]
-            proxy += ["--port", str(proxy_port)]
-            stack.enter_context(spawn(proxy, f"{target}/v1/models"))
-        headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        proxied = Side(target, stack.enter_context(httpx.Client(headers=headers, timeout=60)))
-        direct = None
-        if runtime is not None:
-            direct = Side(runtime, stack.enter_context(httpx.Client(timeout=60)))
-        sides = [proxied] if direct is None else [direct, proxied]
-        run(sides, args.model, args.n, args.m)
-    result = report(direct, proxied, args)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
-            out.write("\n")
+        if args.target is None:
+            policy = bench_policy(args.chunks, args.idle_services)
+            vramd = stack.enter_context(running_vramd(policy))
+            vramd.wait_ready([SERVICE])
+            target = vramd.url
+        else:
+            target = args.target.rstrip("/")
+        runtime = runtime_of(target, args.model, headers)
+        urls = {"direct": runtime, "vramd": target}
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-proxy-")))
+        for app in ("relay", "router"):
+            if app in args.sides:
+                urls[app] = stack.enter_context(reference_server(app, runtime, logs))
+        urls = {side: urls[side] for side in SIDES if side in args.sides}
+        started = time.monotonic()
+        measured = run_loop(measure(urls, args, headers))
+        elapsed = time.monotonic() - started
+    report = {
+        "setup": {
+            "sides": urls,
+            "direct": "the runtime vramd started (GET /api/services/NAME -> port)",
+            "concurrency": args.concurrency,
+            "rounds": args.rounds,
+            "samples": args.rounds * args.per_round,
+            "warmup": args.warmup,
+            "runtime": "service.demo_runtime --latency-ms 0 --chunk-delay-ms 0",
+            "stream_events": args.chunks,
+            "idle_services": args.idle_services,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": loadavg_before,
+            "loadavg_after": os.getloadavg(),
+            "measure_s": round(elapsed, 1),
+        },
+        "rows": rows(measured),
+    }
+    print_report(report)
+    write_outputs(report, markdown(report), json_path=args.json, markdown_path=args.markdown)
     return 0
 
 

@@ -254,9 +254,12 @@ def create_app(
     )
     install_error_handlers(app)
     install_auth(app)
+    # /v1 first: a request is matched against the routes in order, and the proxied
+    # routes carry nearly all the traffic (behind /api's twenty they paid ~50 us each).
+    # No path of one router overlaps another's, so the order changes nothing else.
+    app.include_router(openai.router)
     app.include_router(admin.health_router)
     app.include_router(admin.router)
-    app.include_router(openai.router)
     app.include_router(ui.router)
     app.include_router(ui.metrics_router)
     return app

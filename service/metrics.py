@@ -189,12 +189,26 @@ class Metrics:
             buckets=QUEUE_BUCKETS,
             registry=self.registry,
         )
+        self._request_counters: dict[tuple[str, str], Counter] = {}
+        self._queue_histograms: dict[str, Histogram] = {}
 
     def request_done(self, service: str, code: str, queue_s: float | None = None) -> None:
         """One request ended with ``code``; ``queue_s`` is its wait, when it had one."""
-        self._requests.labels(service=service, code=code).inc()
+        # Called for every request: the labelled children are looked up once each, since
+        # labels() checks and joins its arguments under a lock on every call.
+        counter = self._request_counters.get((service, code))
+        if counter is None:
+            counter = self._request_counters[service, code] = self._requests.labels(
+                service=service, code=code
+            )
+        counter.inc()
         if queue_s is not None:
-            self._queue_wait.labels(service=service).observe(max(0.0, queue_s))
+            histogram = self._queue_histograms.get(service)
+            if histogram is None:
+                histogram = self._queue_histograms[service] = self._queue_wait.labels(
+                    service=service
+                )
+            histogram.observe(max(0.0, queue_s))
 
     def load_done(self, service: str, seconds: float) -> None:
         """A runtime of ``service`` became ready ``seconds`` after it was spawned."""

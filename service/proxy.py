@@ -48,6 +48,7 @@ import json
 import logging
 import secrets
 import socket
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,6 +157,11 @@ def new_request_id() -> str:
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
+# Each upstream connection's socket, found once per connection: asking httpcore for it
+# (``get_extra_info("socket")``, through anyio's typed attributes) costs ~5 us a time,
+# more than the setsockopt it is wanted for. Weak keys: a closed connection's entry goes.
+_sockets: weakref.WeakKeyDictionary[Any, socket.socket | None] = weakref.WeakKeyDictionary()
+
 
 class _Acker:
     """Sends the pending ACK on an upstream connection now (see the module docstring)."""
@@ -164,11 +170,18 @@ class _Acker:
 
     def __init__(self, upstream: httpx.Response) -> None:
         stream = upstream.extensions.get("network_stream")  # absent for mock transports
-        self._sock = stream.get_extra_info("socket") if stream and _QUICKACK else None
+        self._sock = None
+        if stream is not None and _QUICKACK is not None:
+            try:
+                self._sock = _sockets[stream]
+            except KeyError:
+                self._sock = _sockets[stream] = stream.get_extra_info("socket")
+            except TypeError:  # a stream that cannot be weakly referenced: ask each time
+                self._sock = stream.get_extra_info("socket")
         self()
 
     def __call__(self) -> None:
-        if self._sock is not None:
+        if self._sock is not None and _QUICKACK is not None:
             try:
                 self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
             except OSError:
@@ -227,6 +240,57 @@ class _DisconnectWatch:
 
     def stop(self) -> None:
         self._watcher.cancel()
+
+
+class _Silence:
+    """The longest silence allowed between a runtime's chunks (``read_timeout``).
+
+    Like ``asyncio.timeout`` around each read, but with one timer for the whole answer:
+    entering an ``asyncio.timeout`` schedules and cancels a timer (~6 us), and an event
+    stream would pay that for every event. Here ``reading`` and ``heard`` only note when
+    a wait begins and ends; the timer, when it fires, re-arms itself for the current
+    wait's own deadline unless that has passed, and then cancels the task. Time spent
+    writing to the client is not the runtime's silence. ``timed_out`` tells this
+    cancellation apart from any other, as ``asyncio.timeout`` does, with
+    ``Task.uncancel``.
+    """
+
+    __slots__ = ("_cancelling", "_handle", "_limit", "_loop", "_since", "_task", "expired")
+
+    def __init__(self, limit: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._loop = asyncio.get_running_loop()
+        self._limit = limit
+        self._since: float | None = None  # when the current read began; None: not reading
+        self.expired = False
+        self._handle = self._loop.call_at(self._loop.time() + limit, self._check)
+
+    def reading(self) -> None:
+        """The relay starts waiting for the runtime's next chunk."""
+        self._since = self._loop.time()
+
+    def heard(self) -> None:
+        """The chunk came (the relay now writes it to the client)."""
+        self._since = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        due = now + self._limit if self._since is None else self._since + self._limit
+        if now < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: True when this timer alone cancelled (absorb it)."""
+        return self.expired and self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
 class ProxyResponse(Response):
@@ -359,25 +423,32 @@ class ProxyResponse(Response):
         chunks = upstream.aiter_bytes()
         held = b""  # the start of an event whose end has not arrived yet
         failure: RequestRejected | None = None
-        while True:
-            try:
-                async with asyncio.timeout(self._config.read_timeout):
+        silence = _Silence(self._config.read_timeout)
+        try:
+            while True:
+                silence.reading()
+                try:
                     chunk = await anext(chunks, None)
-            except TimeoutError:
-                failure = _timed_out(lease, "mid-stream", self._config.read_timeout)
-                break
-            except httpx.RequestError as exc:
-                failure = _failed(lease, "failed mid-stream", exc)
-                break
-            if chunk is None:
-                break
-            ack()
-            if held:
-                chunk = held + chunk
-            end = events_end(chunk)
-            held = chunk[end:]
-            if end:
-                await send({"type": "http.response.body", "body": chunk[:end], "more_body": True})
+                except httpx.RequestError as exc:
+                    failure = _failed(lease, "failed mid-stream", exc)
+                    break
+                silence.heard()
+                if chunk is None:
+                    break
+                ack()
+                if held:
+                    chunk = held + chunk
+                end = events_end(chunk)
+                held = chunk[end:]
+                if end:
+                    body = chunk[:end]
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+        except asyncio.CancelledError:
+            if not silence.timed_out():
+                raise
+            failure = _timed_out(lease, "mid-stream", self._config.read_timeout)
+        finally:
+            silence.close()
         if failure is None:
             await send({"type": "http.response.body", "body": held})
             return Outcome.OK, None
@@ -397,22 +468,29 @@ class ProxyResponse(Response):
         """Pass a body of unknown length on chunk by chunk (a runtime streaming audio)."""
         await send({"type": "http.response.start", "status": status, "headers": headers})
         chunks = upstream.aiter_bytes()
-        while True:
-            try:
-                async with asyncio.timeout(self._config.read_timeout):
-                    chunk = await anext(chunks, None)
-            except (TimeoutError, httpx.RequestError) as exc:
-                failure = (
-                    _timed_out(lease, "mid-body", self._config.read_timeout)
-                    if isinstance(exc, TimeoutError)
-                    else _failed(lease, "failed mid-body", exc)
-                )
-                log.warning("%s; dropping the client connection", failure.message)
-                raise UpstreamBroken(failure) from exc
-            if chunk is None:
-                break
-            ack()
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        silence = _Silence(self._config.read_timeout)
+        failure: RequestRejected
+        try:
+            while True:
+                silence.reading()
+                chunk = await anext(chunks, None)
+                silence.heard()
+                if chunk is None:
+                    break
+                ack()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.RequestError as exc:
+            failure = _failed(lease, "failed mid-body", exc)
+            log.warning("%s; dropping the client connection", failure.message)
+            raise UpstreamBroken(failure) from exc
+        except asyncio.CancelledError as exc:
+            if not silence.timed_out():
+                raise
+            failure = _timed_out(lease, "mid-body", self._config.read_timeout)
+            log.warning("%s; dropping the client connection", failure.message)
+            raise UpstreamBroken(failure) from exc
+        finally:
+            silence.close()
         await send({"type": "http.response.body", "body": b""})
         return Outcome.OK, None
 

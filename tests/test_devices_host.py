@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
-from service.devices import HostProbe, create_probe
-from service.devices.tree import ProcessTable, host_footprint
+from service.devices import HostProbe, create_probe, tree
+from service.devices.tree import Footprints, ProcessTable, host_footprint, sample_trees
 
 MiB = 2**20
 
@@ -153,3 +154,122 @@ def test_create_probe_host_is_host_without_touching_nvml() -> None:
         assert probe.backend == "host"
     finally:
         probe.close()
+
+
+# --- what a reading costs: /proc read directly, PSS read again only when it can have moved --
+
+# Holds 50 MiB, then 100 MiB more on each line read from stdin.
+GROWS = """
+import sys
+blocks = []
+def hold(mib):
+    block = bytearray(mib * 2**20)
+    for offset in range(0, len(block), 4096):
+        block[offset] = 1
+    blocks.append(block)
+hold(50)
+print("ready", flush=True)
+for _ in sys.stdin:
+    hold(100)
+    print("grown", flush=True)
+"""
+
+
+# Holds 100 MiB; forks a child that shares it (and sleeps) on a line from stdin.
+FORKS = """
+import os, sys, time
+block = bytearray(100 * 2**20)
+for offset in range(0, len(block), 4096):
+    block[offset] = 1
+print("ready", flush=True)
+sys.stdin.readline()
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not tree.LINUX_PROC, reason="reads /proc")
+def test_scan_reads_parent_and_group_past_an_odd_command_name(tmp_path: Path) -> None:
+    # The command name sits in parentheses in /proc/PID/stat and may hold both.
+    odd = tmp_path / "a) b (c"
+    odd.symlink_to(sys.executable)
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [str(odd), "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        assert psutil.Process(proc.pid).name() == "a) b (c"
+        table = ProcessTable.scan()
+        assert proc.pid in table.children[os.getpid()]
+        assert table.groups[proc.pid] == (proc.pid,)
+        assert table.started[proc.pid] > 0
+    finally:
+        proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def test_a_footprint_follows_memory_that_grows_at_once() -> None:
+    footprints = Footprints(clock=lambda: 0.0)  # the clock stands still: no re-read by age
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GROWS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        before = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+        again = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+        proc.stdin.write("more\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "grown"
+        after = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert before >= 50 * MiB
+    assert again == before
+    assert after - before >= 95 * MiB
+
+
+@pytest.mark.skipif(not tree.LINUX_PROC, reason="reads /proc")
+def test_a_footprint_is_read_again_once_it_is_old() -> None:
+    # After a fork the parent shares its pages with the child: its PSS halves while its
+    # RSS stays put, which only the age bound notices.
+    now = [0.0]
+    footprints = Footprints(clock=lambda: now[0])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        alone = footprints.sample({"x": (proc.pid,)}, ProcessTable.scan())["x"].host_bytes
+        proc.stdin.write("fork\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "forked"
+        now[0] += tree.PSS_MAX_AGE_S
+        later = footprints.sample({"x": (proc.pid,)}, ProcessTable.scan())["x"].host_bytes
+        shared = pss(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert alone >= 95 * MiB
+    assert shared <= alone * 0.6
+    assert abs(later - shared) <= shared * 0.10

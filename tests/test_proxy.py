@@ -386,6 +386,42 @@ async def test_a_stalled_stream_ends_with_a_timeout_event(harness: Harness) -> N
     assert harness.leases.outcome.outcome == "runtime_timeout"
 
 
+async def test_a_slow_stream_is_not_cut_while_each_event_comes_in_time(
+    harness: Harness,
+) -> None:
+    # read_timeout bounds the silence between events, not the whole stream: six events
+    # 0.05 s apart take longer than the limit, and none of them waits for as long.
+    async def trickles(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            for chunk in sse(*EVENTS * 3):
+                await asyncio.sleep(0.05)
+                yield chunk
+
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    harness.reply = trickles
+    harness.configure(read_timeout=0.2)
+    response = await harness.post(json=chat(stream=True))
+    assert events_in(response.content) == [*EVENTS * 3]
+    assert harness.leases.outcome.outcome == "ok"
+
+
+async def test_a_stalled_chunked_body_drops_the_connection(harness: Harness) -> None:
+    async def stalls(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"RIFF"
+            await asyncio.Event().wait()
+            yield b""  # pragma: no cover
+
+        return httpx.Response(200, content=chunks())
+
+    harness.reply = stalls
+    harness.configure(read_timeout=0.05)
+    with pytest.raises(UpstreamBroken, match=r"sent nothing for 0\.05s mid-body"):
+        await harness.post(json=chat())
+    assert harness.leases.outcome.outcome == "runtime_timeout"
+
+
 def test_events_end_finds_the_last_whole_event() -> None:
     assert events_end(b"") == 0
     assert events_end(b"data: 1") == 0

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 
 import psutil
 
-from service.devices.tree import sample_trees
+from service.devices.tree import Footprints, sample_trees
 from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
 
 
@@ -24,8 +24,11 @@ class HostProbe:
 
     backend: str = "host"
 
+    def __init__(self) -> None:
+        self._footprints = Footprints()
+
     def read(self, instances: Mapping[str, int]) -> ProbeReading:
-        trees = sample_trees(instances)
+        trees = sample_trees(instances, self._footprints)
         memory = psutil.virtual_memory()
         measured = {
             key: InstanceMemory(

@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.devices.tree import TreeSample, sample_trees
+from service.devices.tree import Footprints, TreeSample, sample_trees
 from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
 from service.errors import ProbeError
 
@@ -60,6 +60,7 @@ class NvmlProbe:
         self._nvml = nvml
         self._lock = threading.Lock()
         self._closed = False
+        self._footprints = Footprints()
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -127,7 +128,7 @@ class NvmlProbe:
         with self._lock:
             if self._closed:
                 raise ProbeError("the NVML probe is closed")
-            trees = sample_trees(instances)
+            trees = sample_trees(instances, self._footprints)
             try:
                 return self._read(trees)
             except self._nvml.NVMLError as exc:

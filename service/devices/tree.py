@@ -17,16 +17,36 @@ to ``smaps_rollup`` is denied (another user's process).
 
 Processes may exit at any moment between the scan and the measurement; a vanished process
 simply contributes nothing. Nothing here raises for that.
+
+What a reading costs, since one runs every ``device.sample_interval`` for the daemon's
+whole life: on Linux the scan reads ``/proc/PID/stat`` once per process (parent, process
+group and start time in one read; psutil's ``process_iter`` read it three times and
+``os.getpgid`` added a call). And reading PSS makes the kernel walk the process's page
+tables (~4 ms for a runtime holding 400 MiB, every sample, for every process of every
+tree), so ``Footprints`` keeps each process's last PSS and reads it again only when its
+RSS (``/proc/PID/statm``, one counter) has moved, or ``PSS_MAX_AGE_S`` has passed: a
+runtime that allocates or frees is measured afresh each sample, an idle one every few
+seconds. PSS can also move while RSS does not (a process sharing its pages starts or
+exits); the age bound is how stale that can be.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import psutil
+
+PROC = "/proc"
+# Where /proc/PID/stat can be read directly; elsewhere psutil does the work.
+LINUX_PROC = sys.platform.startswith("linux") and os.path.isdir(PROC)
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PSS_MAX_AGE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,26 +56,30 @@ class ProcessTable:
     pids: frozenset[int]
     children: Mapping[int, tuple[int, ...]]
     groups: Mapping[int, tuple[int, ...]]
+    # Each process's start time (clock ticks since boot, Linux): a pid and its start time
+    # name one process, where a pid alone may be reused. Empty where not known.
+    started: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
     def scan(cls) -> ProcessTable:
+        links = _proc_links() if LINUX_PROC else _psutil_links()
         pids: set[int] = set()
         children: defaultdict[int, list[int]] = defaultdict(list)
         groups: defaultdict[int, list[int]] = defaultdict(list)
-        # process_iter skips processes that vanish while it reads them.
-        for proc in psutil.process_iter(["ppid"]):
-            pid = proc.pid
+        started: dict[int, int] = {}
+        for pid, ppid, pgid, start in links:
             pids.add(pid)
-            ppid = proc.info.get("ppid")
             if ppid is not None and ppid != pid:
                 children[ppid].append(pid)
-            pgid = _pgid(pid)
             if pgid is not None:
                 groups[pgid].append(pid)
+            if start is not None:
+                started[pid] = start
         return cls(
             pids=frozenset(pids),
             children={ppid: tuple(pids) for ppid, pids in children.items()},
             groups={pgid: tuple(pids) for pgid, pids in groups.items()},
+            started=started,
         )
 
     def tree(self, root: int) -> tuple[int, ...]:
@@ -84,20 +108,67 @@ class TreeSample:
     host_bytes: int
 
 
-def sample_trees(roots: Mapping[str, int]) -> dict[str, TreeSample]:
+def sample_trees(
+    roots: Mapping[str, int], footprints: Footprints | None = None
+) -> dict[str, TreeSample]:
     """Every instance's tree and footprint, from one scan of the process table.
 
     Every key asked for is answered; a key whose processes are all gone gets
-    ``TreeSample(pids=(), host_bytes=0)``.
+    ``TreeSample(pids=(), host_bytes=0)``. ``footprints`` (a probe's own) spares reading
+    the PSS of processes whose memory has not moved; without it every PSS is read.
     """
     if not roots:
         return {}
     table = ProcessTable.scan()
-    samples = {}
-    for key, root in roots.items():
-        pids = table.tree(root)
-        samples[key] = TreeSample(pids=pids, host_bytes=host_footprint(pids))
-    return samples
+    trees = {key: table.tree(root) for key, root in roots.items()}
+    if footprints is None:
+        return {key: TreeSample(pids, host_footprint(pids)) for key, pids in trees.items()}
+    return footprints.sample(trees, table)
+
+
+class Footprints:
+    """Each process's last PSS, reused while its RSS stays put (the module docstring).
+
+    One per probe, shared by the threads that read it (the sampler's, a sleep's).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        # pid -> (start time, RSS pages, footprint bytes, when it was read)
+        self._seen: dict[int, tuple[int | None, int, int, float]] = {}
+
+    def sample(
+        self, trees: Mapping[str, tuple[int, ...]], table: ProcessTable
+    ) -> dict[str, TreeSample]:
+        with self._lock:
+            now = self._clock()
+            samples = {
+                key: TreeSample(
+                    pids=pids,
+                    host_bytes=sum(
+                        self._footprint(pid, table.started.get(pid), now) for pid in pids
+                    ),
+                )
+                for key, pids in trees.items()
+            }
+            # Forget the processes that are gone; keep those another caller asks about.
+            self._seen = {pid: seen for pid, seen in self._seen.items() if pid in table.pids}
+            return samples
+
+    def _footprint(self, pid: int, start: int | None, now: float) -> int:
+        rss = _rss_pages(pid) if LINUX_PROC else None
+        if rss is None:  # gone, or no statm to compare with: read it as it is
+            self._seen.pop(pid, None)
+            return _process_footprint(pid)
+        last = self._seen.get(pid)
+        if last is not None and start is not None:
+            last_start, last_rss, footprint, read_at = last
+            if last_start == start and last_rss == rss and now - read_at < PSS_MAX_AGE_S:
+                return footprint
+        footprint = _process_footprint(pid)
+        self._seen[pid] = (start, rss, footprint, now)
+        return footprint
 
 
 def host_footprint(pids: Iterable[int]) -> int:
@@ -119,6 +190,59 @@ def _process_footprint(pid: int) -> int:
         # NoSuchProcess (which includes ZombieProcess: a zombie holds no memory) or a
         # process we may not even read statm for.
         return 0
+
+
+# (pid, parent, process group, start time); None where it could not be read.
+Link = tuple[int, int | None, int | None, int | None]
+
+
+def _proc_links() -> list[Link]:
+    """Every process's links from ``/proc/PID/stat``, one read each (Linux)."""
+    links: list[Link] = []
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
+        data = _read_small(f"{PROC}/{name}/stat")
+        if data is None:  # gone since the listing
+            continue
+        # "pid (comm) state ppid pgrp ... starttime ...": comm may hold spaces and
+        # parentheses, so the fields are counted from its last ")".
+        fields = data[data.rfind(b")") + 2 :].split()
+        try:
+            links.append((int(name), int(fields[1]), int(fields[2]), int(fields[19])))
+        except (IndexError, ValueError):
+            links.append((int(name), None, None, None))
+    return links
+
+
+def _psutil_links() -> list[Link]:
+    links: list[Link] = []
+    # process_iter skips processes that vanish while it reads them.
+    for proc in psutil.process_iter(["ppid"]):
+        links.append((proc.pid, proc.info.get("ppid"), _pgid(proc.pid), None))
+    return links
+
+
+def _rss_pages(pid: int) -> int | None:
+    data = _read_small(f"{PROC}/{pid}/statm")
+    try:
+        return None if data is None else int(data.split()[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _read_small(path: str) -> bytes | None:
+    """A /proc file of one short line, in one read (no buffered file object: ~2x faster)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _pgid(pid: int) -> int | None:
