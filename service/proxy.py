@@ -47,8 +47,6 @@ import asyncio
 import json
 import logging
 import secrets
-import socket
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,10 +54,11 @@ from typing import Any
 import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from service.api.errors import rejection_response
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
+from service.exchange_watch import Acker, DisconnectWatch, Silence
 from service.leases import Lease, LeaseProvider, Outcome
 from service.policy import ServerConfig
 
@@ -155,39 +154,6 @@ def new_request_id() -> str:
     return "req-" + secrets.token_hex(8)
 
 
-_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
-
-# Each upstream connection's socket, found once per connection: asking httpcore for it
-# (``get_extra_info("socket")``, through anyio's typed attributes) costs ~5 us a time,
-# more than the setsockopt it is wanted for. Weak keys: a closed connection's entry goes.
-_sockets: weakref.WeakKeyDictionary[Any, socket.socket | None] = weakref.WeakKeyDictionary()
-
-
-class _Acker:
-    """Sends the pending ACK on an upstream connection now (see the module docstring)."""
-
-    __slots__ = ("_sock",)
-
-    def __init__(self, upstream: httpx.Response) -> None:
-        stream = upstream.extensions.get("network_stream")  # absent for mock transports
-        self._sock = None
-        if stream is not None and _QUICKACK is not None:
-            try:
-                self._sock = _sockets[stream]
-            except KeyError:
-                self._sock = _sockets[stream] = stream.get_extra_info("socket")
-            except TypeError:  # a stream that cannot be weakly referenced: ask each time
-                self._sock = stream.get_extra_info("socket")
-        self()
-
-    def __call__(self) -> None:
-        if self._sock is not None and _QUICKACK is not None:
-            try:
-                self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-            except OSError:
-                self._sock = None
-
-
 class UpstreamBroken(Exception):
     """A runtime failed mid-way through a chunked non-SSE answer that had already begun.
 
@@ -198,99 +164,6 @@ class UpstreamBroken(Exception):
     def __init__(self, failure: RequestRejected) -> None:
         super().__init__(failure.message)
         self.outcome = Outcome(failure.code)
-
-
-class _DisconnectWatch:
-    """Cancels the task serving a request when its client hangs up.
-
-    Like ``asyncio.timeout`` with the hang-up as the deadline: the cancellation is told
-    apart from any other by ``gone`` and ``Task.uncancel``. ``send`` is wrapped so that
-    the ``http.disconnect`` a server reports once the response is complete is not taken
-    for a hang-up.
-    """
-
-    __slots__ = ("_complete", "_task", "_watcher", "gone")
-
-    def __init__(self, receive: Receive) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._complete = False
-        self.gone = False
-        self._watcher = asyncio.create_task(self._watch(receive))
-
-    async def _watch(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self._complete:
-            self.gone = True
-            self._task.cancel()
-
-    def wrap(self, send: Send) -> Send:
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                self._complete = True
-            await send(message)
-
-        return wrapped
-
-    def absorbs(self) -> bool:
-        """True when a CancelledError came from the hang-up alone and should end quietly."""
-        return self.gone and self._task.uncancel() == 0
-
-    def stop(self) -> None:
-        self._watcher.cancel()
-
-
-class _Silence:
-    """The longest silence allowed between a runtime's chunks (``read_timeout``).
-
-    Like ``asyncio.timeout`` around each read, but with one timer for the whole answer:
-    entering an ``asyncio.timeout`` schedules and cancels a timer (~6 us), and an event
-    stream would pay that for every event. Here ``reading`` and ``heard`` only note when
-    a wait begins and ends; the timer, when it fires, re-arms itself for the current
-    wait's own deadline unless that has passed, and then cancels the task. Time spent
-    writing to the client is not the runtime's silence. ``timed_out`` tells this
-    cancellation apart from any other, as ``asyncio.timeout`` does, with
-    ``Task.uncancel``.
-    """
-
-    __slots__ = ("_cancelling", "_handle", "_limit", "_loop", "_since", "_task", "expired")
-
-    def __init__(self, limit: float) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._loop = asyncio.get_running_loop()
-        self._limit = limit
-        self._since: float | None = None  # when the current read began; None: not reading
-        self.expired = False
-        self._handle = self._loop.call_at(self._loop.time() + limit, self._check)
-
-    def reading(self) -> None:
-        """The relay starts waiting for the runtime's next chunk."""
-        self._since = self._loop.time()
-
-    def heard(self) -> None:
-        """The chunk came (the relay now writes it to the client)."""
-        self._since = None
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        due = now + self._limit if self._since is None else self._since + self._limit
-        if now < due:
-            self._handle = self._loop.call_at(due, self._check)
-            return
-        self.expired = True
-        self._task.cancel()
-
-    def timed_out(self) -> bool:
-        """After a CancelledError: True when this timer alone cancelled (absorb it)."""
-        return self.expired and self._task.uncancel() <= self._cancelling
-
-    def close(self) -> None:
-        self._handle.cancel()
 
 
 class ProxyResponse(Response):
@@ -315,7 +188,7 @@ class ProxyResponse(Response):
         self._request_id = request_id or new_request_id()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = _DisconnectWatch(receive)
+        watch = DisconnectWatch(receive)
         try:
             await self._exchange(scope, receive, watch.wrap(send))
         except asyncio.CancelledError:
@@ -380,7 +253,7 @@ class ProxyResponse(Response):
             return await _answer_failure(failure, marks, scope, receive, send)
 
         try:
-            ack = _Acker(upstream)
+            ack = Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
             status = upstream.status_code
             if status < 400 and upstream.headers.get("content-type", "").startswith(
@@ -411,7 +284,7 @@ class ProxyResponse(Response):
     async def _relay_events(
         self,
         upstream: httpx.Response,
-        ack: _Acker,
+        ack: Acker,
         lease: Lease,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -423,7 +296,7 @@ class ProxyResponse(Response):
         chunks = upstream.aiter_bytes()
         held = b""  # the start of an event whose end has not arrived yet
         failure: RequestRejected | None = None
-        silence = _Silence(self._config.read_timeout)
+        silence = Silence(self._config.read_timeout)
         try:
             while True:
                 silence.reading()
@@ -459,7 +332,7 @@ class ProxyResponse(Response):
     async def _relay_chunks(
         self,
         upstream: httpx.Response,
-        ack: _Acker,
+        ack: Acker,
         lease: Lease,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -468,7 +341,7 @@ class ProxyResponse(Response):
         """Pass a body of unknown length on chunk by chunk (a runtime streaming audio)."""
         await send({"type": "http.response.start", "status": status, "headers": headers})
         chunks = upstream.aiter_bytes()
-        silence = _Silence(self._config.read_timeout)
+        silence = Silence(self._config.read_timeout)
         failure: RequestRejected
         try:
             while True:

@@ -47,14 +47,26 @@ class Book:
         # When the first protection a waiting load waits for lapses (see ``run_pass``).
         self.next_wake = math.inf
         self._seq = itertools.count()
+        self._order: list[ServiceState] | None = None
         for name in sorted(rules):
             self.add(rules[name], learned.get(name))
 
     # ------------------------------------------------------------------ queries
 
     def ordered(self) -> list[ServiceState]:
-        """Services by priority (higher first), then name: the order of every sweep."""
-        return sorted(self.services.values(), key=lambda s: (-s.rule.priority, s.name))
+        """Services by priority (higher first), then name: the order of every sweep.
+
+        Kept until a service is added or forgotten, or a policy changes priorities
+        (``reorder``): every event sweeps it several times, and sorting was most of the
+        cost of a request's two events. Callers must not change the list.
+        """
+        if self._order is None:
+            self._order = sorted(self.services.values(), key=lambda s: (-s.rule.priority, s.name))
+        return self._order
+
+    def reorder(self) -> None:
+        """The set of services or their priorities changed: sort again when next asked."""
+        self._order = None
 
     def allowed(self, svc: ServiceState) -> bool:
         """Whether ``svc`` may run now: not removed, not shutting down, and window-only
@@ -135,6 +147,7 @@ class Book:
         if rule.residency is Residency.WARM and rule.preload:
             svc.load_intent = "preload"
         self.services[rule.name] = svc
+        self.reorder()
 
     def enqueue(self, svc: ServiceState, request_id: str) -> None:
         self.requests[request_id] = svc.name
@@ -195,6 +208,7 @@ class Book:
             self.resolve(svc, ticket, outcome, f"{svc.name} was removed from the policy")
         svc.tickets.clear()
         del self.services[svc.name]
+        self.reorder()
 
     def resolve(
         self,

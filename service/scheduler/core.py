@@ -378,6 +378,7 @@ class Scheduler:
             if name in event.restart and current.resident:
                 current.restart_pending = True
                 current.restart_reason = "its command changed"
+        book.reorder()  # priorities may have changed
 
     def _on_make_room(self, event: MakeRoom) -> None:
         book = self._book

@@ -24,7 +24,7 @@ S = InstanceState
 
 def answer_operators(book: Book) -> None:
     """Resolve every open ticket whose outcome the current state decides."""
-    for svc in book.ordered():
+    for svc in [s for s in book.ordered() if s.tickets]:
         for ticket, kind in list(svc.tickets.items()):
             outcome = _outcome(book, svc, kind)
             if outcome is not None:
