@@ -322,3 +322,18 @@ def test_a_hung_runtime_times_out(client: openai.OpenAI, setup: Setup) -> None:
     assert caught.value.status_code == 504
     assert caught.value.code == "runtime_timeout"
     assert setup.leases.wait_for_release("hang").outcome == "runtime_timeout"
+
+
+def test_a_prompts_length_counts_the_text_in_messages_and_content_parts() -> None:
+    from service.api.openai import request_shape
+
+    payload = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        ],
+    }
+    # "system" + "be brief" + "user" + "text" + "hello": roles count, as they reach the model.
+    assert request_shape(payload, 120) == {"body_bytes": 120, "max_tokens": 16, "prompt_chars": 27}

@@ -192,8 +192,24 @@ def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:
             shape[key] = value
     prompt = payload.get("messages") or payload.get("prompt") or payload.get("input")
     if prompt is not None:
-        shape["prompt_chars"] = len(json.dumps(prompt))
+        shape["prompt_chars"] = text_chars(prompt)
     return shape
+
+
+def text_chars(value: object, depth: int = 0) -> int:
+    """Characters of text in a prompt (strings in nested lists and objects).
+
+    Counted rather than re-encoded: this runs on every request, and serialising the
+    whole prompt again cost more than the rest of reading the request."""
+    if isinstance(value, str):
+        return len(value)
+    if depth > 8:  # a prompt is a few levels deep; deeper structure is not text
+        return 0
+    if isinstance(value, list):
+        return sum(text_chars(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return sum(text_chars(item, depth + 1) for item in value.values())
+    return 0
 
 
 _BOUNDARY = re.compile(r';\s*boundary\s*=\s*(?:"([^"]+)"|([^\s;]+))', re.IGNORECASE)
