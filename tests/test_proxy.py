@@ -8,6 +8,7 @@ once, whatever path the request took.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 from collections import Counter
@@ -333,6 +334,20 @@ async def test_relays_an_event_stream(harness: Harness) -> None:
     assert response.headers["x-vramd-service"] == "chat"
     assert response.content == b"".join([*sse(*EVENTS), b"data: [DONE]\n\n"])
     assert harness.leases.outcome.outcome == "ok"
+
+
+async def test_a_compressed_event_stream_reaches_the_client_decoded(harness: Harness) -> None:
+    plain = b"".join([*sse(*EVENTS), b"data: [DONE]\n\n"])
+    packed = gzip.compress(plain)
+
+    async def stream(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "text/event-stream", "content-encoding": "gzip"}
+        return httpx.Response(200, content=stream_of(packed[:20], packed[20:]), headers=headers)
+
+    harness.reply = stream
+    response = await harness.post(json=chat(stream=True))
+    assert "content-encoding" not in response.headers  # dropped, so the body is decoded
+    assert response.content == plain
 
 
 def events_in(body: bytes) -> list[Any]:

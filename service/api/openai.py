@@ -59,18 +59,21 @@ async def get_proxy_config(request: Request) -> ProxyConfig:
 
 
 LeasesDep = Annotated[LeaseProvider, Depends(get_leases)]
-ProxyConfigDep = Annotated[ProxyConfig, Depends(get_proxy_config)]
 
-router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(require_api_key)])
+# ``router`` holds both: the model list behind the API-key dependency, and the proxied
+# routes, which check the key themselves (``proxy`` below) -- on the hot path, FastAPI's
+# dependency resolution cost more than everything else the route does before the proxy.
+router = APIRouter(prefix="/v1", tags=["openai"])
+models_router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-@router.get("/models")
+@models_router.get("/models")
 async def list_models(leases: LeasesDep) -> dict[str, Any]:
     """Every model name clients may send, with the state of the service behind it."""
     return {"object": "list", "data": [_model_entry(entry) for entry in leases.models()]}
 
 
-@router.get("/models/{model:path}")  # names such as "org/model" hold slashes
+@models_router.get("/models/{model:path}")  # names such as "org/model" hold slashes
 async def get_model(model: str, leases: LeasesDep) -> dict[str, Any]:
     for entry in leases.models():
         if entry["id"] == model:
@@ -85,7 +88,10 @@ def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
 def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
     upload = route in UPLOAD_ROUTES
 
-    async def proxy(request: Request, leases: LeasesDep, config: ProxyConfigDep) -> Response:
+    async def proxy(request: Request) -> Response:
+        await require_api_key(request)
+        leases = await get_leases(request)
+        config = await get_proxy_config(request)
         limit, setting = (
             (config.max_upload_body, "server.max_upload_body")
             if upload
@@ -110,6 +116,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
     return proxy
 
 
+router.include_router(models_router)
 for _route in PROXIED_ROUTES:
     router.add_api_route(
         _route.removeprefix("/v1"),
