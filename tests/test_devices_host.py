@@ -214,10 +214,12 @@ def test_scan_reads_parent_and_group_past_an_odd_command_name(tmp_path: Path) ->
         proc.stdout.close()
 
 
-def test_a_footprint_follows_memory_that_grows_at_once() -> None:
-    footprints = Footprints(clock=lambda: 0.0)  # the clock stands still: no re-read by age
+@contextlib.contextmanager
+def talking_child(script: str) -> Iterator[subprocess.Popen[str]]:
+    """``script`` in its own process group, told what to do on stdin and answering on
+    stdout; killed with its group afterwards."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", GROWS],
+        [sys.executable, "-c", script],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -226,17 +228,28 @@ def test_a_footprint_follows_memory_that_grows_at_once() -> None:
     assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "ready"
-        before = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
-        again = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
-        proc.stdin.write("more\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "grown"
-        after = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+        yield proc
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
+
+
+def tell(proc: subprocess.Popen[str], command: str, answer: str) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == answer
+
+
+def test_a_footprint_follows_memory_that_grows_at_once() -> None:
+    footprints = Footprints(clock=lambda: 0.0)  # the clock stands still: no re-read by age
+    with talking_child(GROWS) as proc:
+        before = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+        again = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
+        tell(proc, "more", "grown")
+        after = sample_trees({"x": proc.pid}, footprints)["x"].host_bytes
     assert before >= 50 * MiB
     assert again == before
     assert after - before >= 95 * MiB
@@ -248,28 +261,12 @@ def test_a_footprint_is_read_again_once_it_is_old() -> None:
     # RSS stays put, which only the age bound notices.
     now = [0.0]
     footprints = Footprints(clock=lambda: now[0])
-    proc = subprocess.Popen(
-        [sys.executable, "-c", FORKS],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        assert proc.stdout.readline().strip() == "ready"
+    with talking_child(FORKS) as proc:
         alone = footprints.sample({"x": (proc.pid,)}, ProcessTable.scan())["x"].host_bytes
-        proc.stdin.write("fork\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "forked"
+        tell(proc, "fork", "forked")
         now[0] += tree.PSS_MAX_AGE_S
         later = footprints.sample({"x": (proc.pid,)}, ProcessTable.scan())["x"].host_bytes
         shared = pss(proc.pid)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stdin.close()
-        proc.stdout.close()
     assert alone >= 95 * MiB
     assert shared <= alone * 0.6
     assert abs(later - shared) <= shared * 0.10
