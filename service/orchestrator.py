@@ -126,6 +126,11 @@ class Orchestrator:
     def clock(self) -> Clock:
         return self._clock
 
+    @property
+    def failed_tasks(self) -> list[asyncio.Task[Any]]:
+        """Background work that ended with an exception (a bug): loops and effects."""
+        return [*self._loops.failed, *self._effects.tasks.failed]
+
     def feed(self, event: Event) -> None:
         """Hand one event to the scheduler and carry out its plan (re-entrant safe)."""
         self._pump.feed(event)
@@ -252,10 +257,11 @@ class Orchestrator:
         for name, rt in self.runtimes.items():
             if name in policy.services:
                 rt.spec = policy.services[name]
-            elif rt.instance.pid is None:
+            elif rt.instance.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 self.runtimes.drop(rt)  # removed and not running: nothing to drain
             else:
-                rt.retired = True  # dropped once its process is gone
+                # Running, asleep or backing off: the scheduler stops it; dropped then.
+                rt.retired = True
         rules, device_rule = rules_from_policy(policy)
         self._headroom = device_rule.headroom
         self.feed(PolicyChanged(rules, device_rule, restart=frozenset(restart)))

@@ -35,6 +35,7 @@ from support.orchestrator import (
 
 from service.errors import (
     InsufficientCapacity,
+    ModelNotFound,
     QueueFull,
     QueueTimeout,
     RequestRejected,
@@ -534,3 +535,23 @@ async def test_mixed_load_never_overcommits(harness: OrchestratorHarness) -> Non
     for name, code in outcomes.rejected_by_service:
         if code == "insufficient_capacity":
             assert name in refused, name
+
+
+async def test_a_service_removed_while_it_backs_off_is_stopped_and_forgotten(
+    harness: OrchestratorHarness,
+) -> None:
+    crashing = demo_service(memory_mib=20)
+    crashing["command"] = ["${PYTHON}", "-c", "import sys; sys.exit(3)"]
+    crashing["restart"] = {"max_retries": 5, "backoff": "30s", "max_backoff": "30s"}
+    daemon = await harness.start(
+        policy_text({"crash": crashing, "keep": demo_service(memory_mib=20)})
+    )
+    orc = daemon.orchestrator
+    request = asyncio.create_task(orc.acquire("crash"))
+    await wait_until(lambda: orc.runtimes["crash"].instance.state.value == "backoff")
+    orc.apply_policy(policy_text({"keep": demo_service(memory_mib=20)}), source="test")
+    with pytest.raises(ModelNotFound):
+        await request  # its queue is refused: the service is gone
+    await wait_until(lambda: "crash" not in orc.runtimes, what="crash to be forgotten")
+    assert "crash" not in orc.scheduler.service_names()
+    assert not orc.failed_tasks  # no effect ran against a vanished runtime
