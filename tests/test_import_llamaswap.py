@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from support.daemon import REPO_ROOT
 
 from service.importers import ImportFailed
@@ -23,7 +27,10 @@ def converted(name: str) -> tuple[str, Policy]:
     return text, load_policy(text)
 
 
-@pytest.mark.parametrize("name", ["basic.yaml", "groups.yaml", "matrix.yaml"])
+CURRENT = ["routing_groups.yaml", "routing_matrix.yaml", "full.yaml"]
+
+
+@pytest.mark.parametrize("name", ["basic.yaml", "groups.yaml", "matrix.yaml", *CURRENT])
 def test_every_fixture_converts_to_a_valid_policy(name: str) -> None:
     text, policy = converted(name)
     assert policy.services
@@ -229,3 +236,274 @@ def test_command_reports_a_bad_file_in_one_line(tmp_path: Path) -> None:
     assert result.stderr == (
         f"vramd: {not_llamaswap}: not a llama-swap config: it has no 'models:' mapping\n"
     )
+
+
+# ---------------------------------------------------------------- current format
+
+
+def block(text: str, service: str) -> str:
+    """The lines of one service in the policy text."""
+    lines = text.split("\nservices:\n", 1)[1].splitlines()
+    start = lines.index(f"  {service}:")
+    end = next(
+        (i for i in range(start + 1, len(lines)) if re.match(r"^  \S", lines[i])), len(lines)
+    )
+    return "\n".join(lines[start:end])
+
+
+def placed(policy: Policy) -> dict[str, tuple[str, int]]:
+    return {name: (svc.residency.value, svc.priority) for name, svc in policy.services.items()}
+
+
+def test_routing_groups_swap_exclusive_persistent_become_residency_and_priority() -> None:
+    text, policy = converted("routing_groups.yaml")
+    assert {name: (res, prio // 100 * 100) for name, (res, prio) in placed(policy).items()} == {
+        "qwen3-32b": ("on-demand", 100),  # big: swap, exclusive
+        "mistral-small": ("on-demand", 100),
+        "qwen3-embed": ("warm", 200),  # retrieval: swap: false, exclusive: false
+        "qwen3-rerank": ("warm", 200),
+        "whisper": ("pinned", 300),  # voice: persistent, no swap
+        "kokoro": ("on-demand", 300),  # speakers: persistent and swap
+        "phi-4-mini": ("on-demand", 100),  # in no group: llama-swap's (default) group
+    }
+    # persistent + swap: members replace each other, lower priorities never evict them
+    assert policy.services["kokoro"].protect == "never"
+    assert "protect: never  # llama-swap: persistent group" in block(text, "kokoro")
+    settings = "routing.router.settings.groups"
+    assert f"# llama-swap: {settings}.big (swap: true, exclusive: true, persistent: false" in text
+    assert f"{settings}.big.exclusive: true has no vramd equivalent (a member's load" in text
+    assert f"{settings}.retrieval.exclusive: false (loading a member leaves" in text
+    assert f"{settings}.voice.persistent: true -> pinned" in text
+    assert f"{settings}.speakers.persistent: true with swap: true -> on-demand" in text
+    assert "phi-4-mini in no group: llama-swap's (default) group" in text
+    assert "# llama-swap: routing.router.use: group" in text
+    assert "not a llama-swap key" not in text  # routing: is read, not dropped
+
+
+def test_routing_groups_and_top_level_groups_read_the_same() -> None:
+    _, current = converted("routing_groups.yaml")
+    config = yaml.safe_load((FIXTURES / "routing_groups.yaml").read_text())
+    config["groups"] = config["routing"]["router"]["settings"].pop("groups")
+    del config["routing"]["router"]
+    legacy = load_policy(convert(yaml.safe_dump(config), environ=ENV))
+    assert placed(legacy) == placed(current)
+
+
+def test_both_group_forms_use_the_routing_one_and_say_so() -> None:
+    config = (
+        "models:\n"
+        "  a: {cmd: 'a --port ${PORT}'}\n"
+        "groups:\n"
+        "  old: {swap: false, members: [a]}\n"
+        "routing:\n"
+        "  router:\n"
+        "    settings:\n"
+        "      groups:\n"
+        "        new: {persistent: true, swap: false, members: [a]}\n"
+    )  # fmt: skip
+    text = convert(config, environ={})
+    assert load_policy(text).services["a"].residency.value == "pinned"
+    assert "both groups and routing.router.settings.groups are set, which llama-swap" in text
+
+
+def test_matrix_sets_are_comments_and_evict_costs_priorities_in_cost_order() -> None:
+    text, policy = converted("routing_matrix.yaml")
+    assert {svc.residency.value for svc in policy.services.values()} == {"on-demand"}
+    # evict_costs (by var or model id; default 1): 1 -> 100, 30 -> 200, 50 -> 300, then
+    # the fifo offsets inside each band (voxtral 2 -> +20, default 0 -> +10, tiny -1 -> +0)
+    assert {name: prio for name, (_, prio) in placed(policy).items()} == {
+        "gemma-3-27b": 110,
+        "qwen3-30b": 110,
+        "flux-schnell": 110,
+        "tiny": 100,
+        "bge-rerank": 210,  # r: 30
+        "llama-70b": 210,  # llama-70b: 30, a model id instead of a var
+        "voxtral": 320,  # v: 50
+    }
+    where = "routing.router.settings.matrix"
+    assert f"{where}.evict_costs (higher: evicted later) -> priority in the same order: " in text
+    assert "1 -> 100, 30 -> 200, 50 -> 300" in text
+    assert "priority: 320  # llama-swap: evict_costs v: 50; fifo priority 2 (+20)" in text
+    # each set expanded (+ref inlined) into the combinations llama-swap lets run together
+    assert (
+        f"# llama-swap: {where}.sets.talk: +llms & v allows "
+        "[gemma-3-27b, voxtral] | [qwen3-30b, voxtral] loaded together"
+    ) in text
+    assert f"{where}.sets.search: (g | q) & v & r allows [bge-rerank, gemma-3-27b, voxtral]" in text
+    assert f"{where}.vars: g=gemma-3-27b, q=qwen3-30b, v=voxtral" in text
+    # per service: which models may share the GPU with it, or that it ran alone
+    assert "matrix sets talk, search: it may run beside bge-rerank, gemma-3-27b, qwen3-30b" in (
+        block(text, "voxtral")
+    )
+    assert "matrix set alone: it runs alone" in block(text, "llama-70b")
+    assert "tiny is in no matrix set, so llama-swap runs it alone" in block(text, "tiny")
+
+
+def test_matrix_set_that_cannot_be_read_is_left_out_with_a_comment() -> None:
+    config = (
+        "models:\n"
+        "  a: {cmd: 'a --port ${PORT}'}\n"
+        "routing:\n"
+        "  router:\n"
+        "    use: matrix\n"
+        "    settings:\n"
+        "      matrix:\n"
+        "        sets: {s: 'a & (nope'}\n"
+        "        evict_costs: {ghost: 3}\n"
+    )  # fmt: skip
+    text = convert(config, environ={})
+    assert load_policy(text).services["a"].priority == 100
+    assert "matrix.sets cannot be read (nope is neither a var nor a model id); left out" in text
+    assert "matrix.evict_costs.ghost: 3 has no vramd equivalent (not a positive cost" in text
+
+
+def test_scheduler_fifo_priorities_keep_their_order_within_each_placement() -> None:
+    text, policy = converted("routing_groups.yaml")
+    config = yaml.safe_load((FIXTURES / "routing_groups.yaml").read_text())
+    fifo = config["routing"]["scheduler"]["settings"]["fifo"]["priority"]
+    prio = {name: svc.priority for name, svc in policy.services.items()}
+    assert prio["qwen3-32b"] > prio["mistral-small"] > prio["phi-4-mini"]  # 10 > 3 > 0
+    assert prio["qwen3-embed"] > prio["qwen3-rerank"]  # 5 > 1
+    for a in prio:  # the same placement band: vramd's order is llama-swap's
+        for b in prio:
+            if prio[a] // 100 == prio[b] // 100 and fifo.get(a, 0) > fifo.get(b, 0):
+                assert prio[a] > prio[b], (a, b)
+    assert all(0 <= p <= 1000 for p in prio.values())
+    assert (
+        "# llama-swap: routing.scheduler.settings.fifo.priority: higher is served first "
+        "(default 0) -> added to each service's priority in the same order: "
+        "0 -> +0, 1 -> +10, 3 -> +20, 5 -> +30, 10 -> +40"
+    ) in text
+    assert "priority: 140  # llama-swap: fifo priority 10 (+40)" in block(text, "qwen3-32b")
+
+
+def test_many_fifo_priorities_stay_ordered_inside_one_band() -> None:
+    models = "".join(f"  m{i}: {{cmd: 'x --port ${{PORT}}'}}\n" for i in range(30))
+    priorities = "".join(f"          m{i}: {i * 7 - 50}\n" for i in range(30))
+    config = (
+        f"models:\n{models}routing:\n  scheduler:\n    settings:\n      fifo:\n"
+        f"        priority:\n{priorities}"
+    )
+    policy = load_policy(convert(config, environ={}))
+    ordered = [policy.services[f"m{i}"].priority for i in range(30)]
+    assert ordered == sorted(set(ordered)) and ordered[0] >= 100 and ordered[-1] < 200
+
+
+def test_unload_timeout_global_and_per_model_become_stop_timeout() -> None:
+    text, policy = converted("routing_groups.yaml")
+    assert policy.defaults.stop_timeout == 20
+    assert "stop_timeout: 20s  # llama-swap: unloadTimeout: 20 (grace before a forced" in text
+    assert policy.services["qwen3-32b"].stop_timeout == 45  # its own
+    assert "stop_timeout: 45s  # llama-swap: unloadTimeout: 45" in block(text, "qwen3-32b")
+    # 0 is llama-swap's "use the global one": the service takes defaults.stop_timeout
+    assert policy.services["mistral-small"].stop_timeout == 20
+    assert "unloadTimeout: 0 means the global one" in block(text, "mistral-small")
+    assert policy.services["phi-4-mini"].stop_timeout == 20
+
+
+def test_capabilities_reranker_becomes_kind_rerank_and_others_their_kinds() -> None:
+    text, policy = converted("routing_groups.yaml")
+    rerank = policy.services["qwen3-rerank"]
+    assert rerank.kind.value == "rerank"  # its command (text-embeddings-router) says nothing
+    assert "kind: rerank  # llama-swap: capabilities.reranker: true" in text
+    assert "capabilities.context: 8192 has no vramd equivalent" in block(text, "qwen3-rerank")
+    assert policy.services["qwen3-embed"].kind.value == "embedding"
+    assert "kind: embedding  # llama-swap: capabilities.embeddings: true" in text
+    assert policy.services["whisper"].kind.value == "speech"  # in: [audio], out: [text]
+    config = (
+        "models:\n"
+        "  img: {cmd: 'x --port ${PORT}', capabilities: {out: [image]}}\n"
+        "  tts: {cmd: 'y --port ${PORT}', capabilities: {in: [text], out: [audio]}}\n"
+        "  emb: {cmd: 'llama-server --port ${PORT}', capabilities: {reranker: true}}\n"
+    )  # fmt: skip
+    kinds = {n: s.kind.value for n, s in load_policy(convert(config, environ={})).services.items()}
+    assert kinds == {"img": "diffusion", "tts": "speech", "emb": "rerank"}
+
+
+def test_set_params_by_id_names_are_served_and_their_fields_commented() -> None:
+    text, policy = converted("routing_groups.yaml")
+    assert policy.services["qwen3-32b"].models == ["qwen3-32b", "qwen3-32b:fast"]
+    qwen = block(text, "qwen3-32b")
+    assert "models: [qwen3-32b, qwen3-32b:fast]  # llama-swap: aliases, setParamsByID ids" in qwen
+    assert (
+        "# llama-swap: filters.setParamsByID.qwen3-32b:fast: sets {chat_template_kwargs: "
+        "{enable_thinking: false}, temperature: 0.6}; not applied: vramd cannot set request "
+        "fields per model name"
+    ) in qwen
+    # the model's own id is listed too: its fields are not applied either
+    assert "filters.setParamsByID.qwen3-32b: sets {chat_template_kwargs: {enable_th" in qwen
+
+
+def test_whisper_server_gets_the_inference_route() -> None:
+    # Needs the policy's routes key (client route -> runtime path) from main.
+    text, policy = converted("routing_groups.yaml")
+    assert policy.services["whisper"].routes == {"/v1/audio/transcriptions": "/inference"}
+    assert "routes:  # llama-swap: whisper-server transcribes at /inference" in text
+    assert "routes" not in block(text, "kokoro")  # other speech servers keep the OpenAI path
+
+
+# A key written as a vramd setting without a comment of its own: the field it becomes.
+MAPPED = {"cmd": "command", "macros": "command", "aliases": "models", "env": "env"}
+MAPPED |= {"checkEndpoint": "health", "models": "services"}
+
+
+def key_paths(config: dict[str, Any]) -> Iterator[tuple[str, ...]]:
+    """Every key of a llama-swap config down to the settings (not into free-form values)."""
+    for key, value in config.items():
+        yield (key,)
+        if key == "models":
+            for model_id, model in value.items():
+                for model_key, setting in model.items():
+                    yield ("models", model_id, model_key)
+                    if model_key in ("capabilities", "filters"):
+                        yield from (("models", model_id, model_key, sub) for sub in setting)
+        elif key in ("routing", "hooks"):
+            yield from _nested((key,), value)
+
+
+def _nested(path: tuple[str, ...], value: Any) -> Iterator[tuple[str, ...]]:
+    if not isinstance(value, dict) or path[-1] in ("priority", "vars", "sets", "evict_costs"):
+        return
+    for key, inner in value.items():
+        yield (*path, key)
+        yield from _nested((*path, key), inner)
+
+
+def comments(text: str) -> str:
+    return "\n".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
+
+
+def test_every_key_of_a_current_config_is_mapped_or_commented() -> None:
+    text, policy = converted("full.yaml")
+    config = yaml.safe_load((FIXTURES / "full.yaml").read_text())
+    services = {svc.models[0]: name for name, svc in policy.services.items()}
+    paths = list(key_paths(config))
+    assert len(paths) > 60  # the walk reaches the nested keys
+    missing = []
+    for path in paths:
+        key = path[-1]
+        if path[0] == "models" and len(path) > 2 and path[1] not in services:
+            scope = text  # a model left out says so at the top
+            key = path[1]
+        elif path[0] == "models" and len(path) > 2:
+            scope = block(text, services[path[1]])
+            if len(path) == 3 and key in MAPPED and f"    {MAPPED[key]}:" in scope:
+                continue
+        else:
+            scope = text
+            if path == ("models",) and "\nservices:\n" in text:
+                continue
+        if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", comments(scope)):
+            missing.append(".".join(path))
+    assert missing == []
+
+
+def test_current_format_command_output_passes_vramd_check(tmp_path: Path) -> None:
+    fixture = FIXTURES / "full.yaml"
+    result = vramd("import", "llama-swap", str(fixture))
+    assert result.returncode == 0, result.stderr
+    policy_file = tmp_path / "vramd.yaml"
+    policy_file.write_text(result.stdout)
+    checked = vramd("check", str(policy_file))
+    assert checked.returncode == 0, checked.stderr
+    assert "valid policy, 2 services" in checked.stdout

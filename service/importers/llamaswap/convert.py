@@ -130,6 +130,11 @@ class _Converter:
         self.used_models: dict[str, str] = {}
         self.macros = Macros(environ)
         self.global_macros = self.macros.define(config.get("macros"), {}, "macros", self.top_notes)
+        if self.global_macros:
+            self.top_notes.append(
+                f"llama-swap: macros: {', '.join(self.global_macros)} are expanded into each "
+                "command (vramd has ${PORT} and a few more placeholders, no macros)"
+            )
         self.routing = Routing(config)
 
     def render(self, source: str) -> str:
@@ -307,9 +312,8 @@ class _Converter:
             if name != model_id:
                 names.append(name)
             notes.append(
-                f"llama-swap: filters.setParamsByID {name} sets {show(params, limit=80)}: not "
-                "applied (vramd forwards request bodies as sent; it cannot set fields per model "
-                "name)"
+                f"llama-swap: filters.setParamsByID.{name}: sets {show(params, limit=80)}; not "
+                "applied: vramd cannot set request fields per model name"
             )
         return names
 
@@ -458,7 +462,7 @@ class _Converter:
             else:
                 keys.append(text)
         if keys:
-            server = ["server:", f"  api_keys: {flow_list(keys, column=12)}"]
+            server = ["server:", f"  api_keys: {flow_list(keys, column=12)}  # llama-swap: apiKeys"]
         defaults = ["defaults:"]
         global_ttl = self.config.get("globalTTL")
         note = f"llama-swap: globalTTL: {global_ttl}" if global_ttl is not None else None

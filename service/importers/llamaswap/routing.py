@@ -48,7 +48,12 @@ class Routing:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
-        self.models = {str(m) for m in config["models"]}
+        # a disabled model is left out of the policy, so routing decides nothing for it
+        self.models = {
+            str(m)
+            for m, raw in config["models"].items()
+            if not (isinstance(raw, dict) and raw.get("disabled") is True)
+        }
         self.notes: list[str] = []
         self.placements: dict[str, Placement] = {}
         routing = config.get("routing")
@@ -147,9 +152,9 @@ class Routing:
                 residency, priority = "warm", PRIORITY_TOGETHER
             members = [str(m) for m in group.get("members") or []]
             self.notes.append(
-                f"llama-swap group {name} (swap: {str(swap).lower()}, exclusive: "
-                f"{str(exclusive).lower()}, persistent: {str(persistent).lower()}): "
-                f"{', '.join(members) or 'no members'} -> {residency}, priority {priority}"
+                f"llama-swap: {at} (swap: {str(swap).lower()}, exclusive: "
+                f"{str(exclusive).lower()}, persistent: {str(persistent).lower()}, members: "
+                f"{', '.join(members) or 'none'}) -> {residency}, priority {priority}"
                 + (", protect: never" if protect else "")
             )
             if swap and len(members) > 1:
@@ -166,8 +171,8 @@ class Routing:
                     no_equivalent(
                         f"{at}.exclusive",
                         True,
-                        "in llama-swap loading a member unloads every other group but "
-                        "persistent ones; vramd unloads other services only when memory is short",
+                        "a member's load unloads all but persistent groups; vramd unloads "
+                        "others only when memory is short",
                     )
                 )
             elif not exclusive:
@@ -177,9 +182,9 @@ class Routing:
                 )
             if persistent and swap:
                 self.notes.append(
-                    f"llama-swap: {at}.persistent: true with swap: true -> on-demand with "
-                    "protect: never at the highest group priority: members still replace each "
-                    "other (equal priority), lower priorities never evict them"
+                    f"llama-swap: {at}.persistent: true with swap: true -> on-demand, protect: "
+                    "never: members still replace each other (equal priority); lower "
+                    "priorities never evict them"
                 )
             elif persistent:
                 self.notes.append(
@@ -257,14 +262,13 @@ class Routing:
                     f"llama-swap: {model} is in no matrix set, so llama-swap runs it alone; "
                     "vramd runs it beside others while they fit"
                 )
-            elif together[1]:
-                placement.notes.append(
-                    f"llama-swap: matrix sets {', '.join(together[0])} let it run with "
-                    f"{', '.join(sorted(together[1]))}"
-                )
             else:
+                sets = f"set{'s' if len(together[0]) > 1 else ''} {', '.join(together[0])}"
+                beside = ", ".join(sorted(together[1]))
                 placement.notes.append(
-                    f"llama-swap: matrix sets {', '.join(together[0])} run it alone"
+                    f"llama-swap: matrix {sets}: it may run beside {beside}"
+                    if beside
+                    else f"llama-swap: matrix {sets}: it runs alone"
                 )
             self.placements[model] = placement
 
@@ -281,8 +285,8 @@ class Routing:
         partners: dict[str, tuple[list[str], set[str]]] = {}
         for name, combinations in expanded.items():
             self.notes.append(
-                f"llama-swap: {where}.sets.{name}: {sets[name]} -> {_combinations(combinations)} "
-                "may run together"
+                f"llama-swap: {where}.sets.{name}: {sets[name]} allows "
+                f"{_combinations(combinations)} loaded together"
             )
             for combination in combinations:
                 for model in combination:
@@ -353,17 +357,18 @@ class Routing:
         offsets = {value: round(rank * step) for rank, value in enumerate(levels)}
         order = ", ".join(f"{value} -> +{offsets[value]}" for value in levels)
         self.notes.append(
-            f"llama-swap: {at} (higher is served first; default 0) -> added to each service's "
-            f"priority in the same order: {order}; vramd serves waiting loads and queued "
-            "requests highest priority first"
+            f"llama-swap: {at}: higher is served first (default 0) -> added to each service's "
+            f"priority in the same order: {order} (vramd serves the highest priority first)"
         )
         for model in sorted(self.models):
             value = given.get(model, 0)
             placement = self.placement(model)
             placement.priority += offsets[value]
-            why = f"llama-swap: fifo priority {value} (+{offsets[value]})"
+            why = f"fifo priority {value} (+{offsets[value]})"
             placement.priority_why = (
-                f"{placement.priority_why}; {why}" if placement.priority_why else why
+                f"{placement.priority_why}; {why}"
+                if placement.priority_why
+                else f"llama-swap: {why}"
             )
 
 
