@@ -31,7 +31,8 @@ Groups and the matrix are read from ``routing.router.settings`` (the current for
 llama-swap knows nothing of memory, so each service gets a placeholder
 ``memory.estimate`` marked TODO.
 
-- ``convert``: the converter (``convert.py``); ``routing``: groups, matrix and scheduler
+- ``convert``: the converter; ``keys``: the keys it knows; ``kinds``: capabilities and
+  command to ``kind``; ``routing``: groups, matrix and scheduler
   as residency and priority; ``matrix_dsl``: set expressions; ``macros``: ``${...}``
   expansion; ``output``: the policy text; ``text``: small helpers.
 """

@@ -17,11 +17,17 @@ import yaml
 from service.adapter_names import guess_name
 from service.errors import PolicyError
 from service.importers import ImportFailed, flow_list
+from service.importers.llamaswap.keys import (
+    MODEL_KEYS,
+    MODEL_NOTES,
+    TOP_LEVEL_KEYS,
+    TOP_LEVEL_NOTES,
+)
+from service.importers.llamaswap.kinds import kind_of
 from service.importers.llamaswap.macros import Macros
 from service.importers.llamaswap.output import ESTIMATE, ServiceOut, line, render
 from service.importers.llamaswap.routing import Routing
 from service.importers.llamaswap.text import (
-    guess_kind,
     is_number,
     no_equivalent,
     seconds,
@@ -33,63 +39,6 @@ from service.importers.llamaswap.text import (
 from service.policy import load_policy
 from service.policy.schema import Service
 
-TOP_LEVEL_NOTES = {
-    "logLevel": "set VRAMD_LOG_LEVEL for vramd serve",
-    "logRequests": "set VRAMD_LOG_LEVEL for vramd serve",
-    "logTimeFormat": "vramd's log format is fixed",
-    "logToStdout": "vramd keeps each runtime's output: GET /api/services/NAME/logs",
-    "metricsMaxInMemory": "vramd keeps events and samples in SQLite",
-    "captureBuffer": "vramd does not capture request bodies",
-    "store": "vramd keeps its state in server.database (SQLite)",
-    "ui": "vramd's dashboard has no settings",
-    "performance": "vramd samples memory every device.sample_interval",
-    "sendLoadingState": "vramd marks cold starts with the X-Vramd-Cold-Start header",
-    "includeAliasesInList": "vramd lists every model name in /v1/models",
-    "startPort": "vramd gives each instance a free loopback port as ${PORT}",
-    "profiles": "vramd has no runtime-switched model-name pins; give names to services",
-    "peers": "vramd runs local runtimes only",
-    "upstream": "vramd has no /upstream passthrough; runtimes answer through /v1 only",
-}
-TOP_LEVEL_KEYS = {
-    "healthCheckTimeout",
-    "globalTTL",
-    "unloadTimeout",
-    "macros",
-    "apiKeys",
-    "models",
-    "routing",
-    "groups",
-    "matrix",
-    "hooks",
-} | set(TOP_LEVEL_NOTES)
-LISTING = "vramd lists model names only"
-MODEL_NOTES = {
-    "cmdStop": "vramd stops the process group: SIGTERM, then SIGKILL after stop_timeout",
-    "name": LISTING,
-    "description": LISTING,
-    "metadata": LISTING,
-    "sendLoadingState": "vramd marks cold starts with the X-Vramd-Cold-Start header",
-    "timeouts": "vramd has startup_timeout and queue.timeout",
-    "unlisted": "vramd lists every model name in /v1/models",
-    "healthCheckTimeout": "llama-swap uses the global healthCheckTimeout for every model",
-}
-MODEL_KEYS = {
-    "cmd",
-    "proxy",
-    "aliases",
-    "env",
-    "checkEndpoint",
-    "ttl",
-    "unloadTimeout",
-    "useModelName",
-    "concurrencyLimit",
-    "macros",
-    "filters",
-    "capabilities",
-    "disabled",
-} | set(MODEL_NOTES)
-# capabilities that say what a runtime serves, and the vramd kind that serves it
-CAPABILITY_KINDS = {"reranker": "rerank", "embeddings": "embedding", "embedding": "embedding"}
 WHISPER_ROUTES = {"/v1/audio/transcriptions": "/inference"}
 # The routes key is new in vramd's policy; older loaders refuse it (see _routes).
 ROUTES_KNOWN = "routes" in Service.model_fields
@@ -201,7 +150,7 @@ class _Converter:
             self.top_notes.append(f"llama-swap: {where}.cmd is empty; left out")
             return None
         argv = self._proxy(raw.get("proxy"), argv, macros, model_id, notes)
-        kind, kind_note = self._kind(argv, raw.get("capabilities"), notes)
+        kind, kind_note = kind_of(argv, raw.get("capabilities"), notes)
         service.set("kind", kind, kind_note)
         extra = self._filters(model_id, raw.get("filters"), macros, notes)
         names = self._model_names(model_id, raw.get("aliases"), extra, notes)
@@ -255,35 +204,6 @@ class _Converter:
             self.used_models[text] = model_id
             names.append(text)
         return names
-
-    def _kind(self, argv: list[str], capabilities: Any, notes: list[str]) -> tuple[str, str | None]:
-        """The kind from llama-swap's ``capabilities`` where one says it, else from the command."""
-        guessed, guess_note = guess_kind(argv)
-        if capabilities is None:
-            return guessed, guess_note
-        if not isinstance(capabilities, dict):
-            notes.append(no_equivalent("capabilities", capabilities, "not a mapping"))
-            return guessed, guess_note
-        chosen: tuple[str, str] | None = None
-        for key, value in capabilities.items():
-            at = f"capabilities.{key}"
-            kind = _capability_kind(str(key), value, capabilities)
-            if kind is not None and chosen is None:
-                chosen = (kind, f"llama-swap: {at}: {show(value)}")
-            elif kind is not None:
-                notes.append(f"llama-swap: {at}: {show(value)} also names a kind; ignored")
-            else:
-                notes.append(
-                    no_equivalent(
-                        at, value, "llama-swap's /v1/models metadata; vramd routes by kind"
-                    )
-                )
-        if chosen is None:
-            return guessed, guess_note
-        kind, why = chosen
-        if kind != guessed and guess_note:
-            why += f" (the command suggested {guessed})"
-        return kind, why
 
     def _filters(
         self, model_id: str, raw: Any, macros: Mapping[str, str], notes: list[str]
@@ -497,19 +417,3 @@ class _Converter:
             elif key not in TOP_LEVEL_KEYS:
                 self.top_notes.append(no_equivalent(key, value, "not a llama-swap key"))
         return server, defaults
-
-
-def _capability_kind(key: str, value: Any, capabilities: Mapping[str, Any]) -> str | None:
-    """The vramd kind one llama-swap capability implies, or None if it implies none."""
-    if key in CAPABILITY_KINDS:
-        return CAPABILITY_KINDS[key] if value is True else None
-    produced = capabilities.get("out")
-    if key == "out" and isinstance(value, list):
-        if "image" in value:
-            return "diffusion"
-        if "audio" in value:
-            return "speech"
-    # audio in, text out and nothing else: a transcription model
-    if key == "in" and value == ["audio"] and produced in (None, ["text"]):
-        return "speech"
-    return None
