@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.adapter_names import SLEEP_ADAPTERS, canonical_name, guess_name
+from service.adapter_names import SLEEP_ADAPTERS
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
@@ -283,8 +283,7 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
 
 
 def _supports_sleep(service: Service) -> bool:
-    name = canonical_name(service.adapter) if service.adapter else guess_name(service.command)
-    return name in SLEEP_ADAPTERS
+    return service.adapter_name in SLEEP_ADAPTERS
 
 
 def _window_checks(policy: Policy, add: Callable[..., None], written: set[str]) -> None:

@@ -10,6 +10,7 @@ name the key and line. The class names are the ``$defs`` of ``vramd schema``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,10 +25,11 @@ from pydantic import (
     field_validator,
 )
 
-from service.adapter_names import canonical_name
+from service.adapter_names import canonical_name, guess_name
 from service.cron import check_cron, check_timezone
 from service.domain import OnCap, Residency, ServiceKind
 from service.policy.protect import Protect
+from service.routes import check_route_map, route_table
 from service.units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -135,6 +137,9 @@ class Service(_Strict):
     health: StrictStr = "/health"
     metrics: StrictStr | None = None
     upstream_model: StrictStr | None = None
+    # Client route -> runtime path, over the kind's routes and the adapter's defaults;
+    # null: the service does not serve that route (service.routes).
+    routes: dict[StrictStr, StrictStr | None] = {}
     # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
     # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
     # sd.cpp, tei, openai.
@@ -168,6 +173,20 @@ class Service(_Strict):
     @classmethod
     def _is_path(cls, value: str | None) -> str | None:
         return None if value is None else _url_path(value)
+
+    @field_validator("routes")
+    @classmethod
+    def _known_routes(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        return check_route_map(value)
+
+    @property
+    def adapter_name(self) -> str:
+        """The runtime's adapter name: the policy's ``adapter``, else guessed from argv."""
+        return canonical_name(self.adapter) if self.adapter else guess_name(self.command)
+
+    def route_table(self) -> Mapping[str, str]:
+        """Every client route this service serves -> the path its runtime answers it at."""
+        return route_table(self.kind, self.adapter_name, self.routes)
 
     @property
     def expected_peak_floor(self) -> int:
