@@ -275,6 +275,9 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                     add(path, f"unknown placeholder ${{{name_used}}}; known: {known}")
                 elif name_used in CAP_PLACEHOLDERS and cap is None:
                     add(path, f"${{{name_used}}} needs services.{name}.memory.cap to be set")
+    ollama = policy.server.ollama
+    if ollama is not None and ollama.port == policy.server.port:
+        add(("server", "ollama", "port"), f"must differ from server.port ({ollama.port})")
     budget, headroom = policy.device.budget, policy.device.headroom
     if budget is not None and headroom >= budget:
         add(("device", "headroom"), f"must be below device.budget ({format_size(budget)})")

@@ -67,6 +67,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class OllamaConfig(_Strict):
+    """An Ollama-compatible listener beside the main one (same host, keys and scheduler)."""
+
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 11434
+
+
 class ServerConfig(_Strict):
     host: StrictStr = "127.0.0.1"
     port: Annotated[StrictInt, Field(ge=1, le=65535)] = 8400
@@ -79,6 +85,8 @@ class ServerConfig(_Strict):
     # after), and the longest silence allowed once a (streamed) answer has started.
     request_timeout: Annotated[Duration, Field(gt=0)] = 600.0
     stream_idle_timeout: Annotated[Duration, Field(gt=0)] = 300.0
+    # Off unless set; read when the daemon starts (a change needs a restart).
+    ollama: OllamaConfig | None = None
 
 
 class DeviceConfig(_Strict):
