@@ -208,10 +208,14 @@ def _embeddings(openai: object) -> list[list[float]]:
         (item for item in data if isinstance(item, Mapping)),
         key=lambda item: item.get("index", 0) if isinstance(item.get("index"), int) else 0,
     )
-    vectors = [item.get("embedding") for item in items]
-    if not all(isinstance(v, list) for v in vectors):
-        raise RuntimeFailed("the runtime's embeddings are not lists of numbers")
-    return vectors  # type: ignore[return-value]
+    vectors: list[list[float]] = []
+    for item in items:
+        vector = item.get("embedding")
+        # A base64 string would mean the runtime ignored encoding_format "float".
+        if not isinstance(vector, list):
+            raise RuntimeFailed("the runtime's embeddings are not lists of numbers")
+        vectors.append(vector)
+    return vectors
 
 
 def embed_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, Any]:

@@ -58,7 +58,8 @@ def chat_request(body: object) -> Translated:
     out: dict[str, Any] = {"model": model, "messages": _messages(messages)}
     tools = f.optional_list(req, "tools")
     if tools:
-        out["tools"] = tools
+        # Ollama's tool definitions are OpenAI's already.
+        out["tools"] = [f.require_object(tool, f"tools[{k}]") for k, tool in enumerate(tools)]
     ignored = _ignored_top_level(req)
     f.map_format(req.get("format"), out)
     f.map_think(req.get("think"), out)
