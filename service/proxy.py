@@ -128,11 +128,14 @@ class ProxyConfig:
 class Translator(Protocol):
     """Turns a runtime's answer into another API's (the Ollama listener's).
 
-    ``whole`` gets every answer read whole (JSON, and every error), ``events`` each run of
-    complete SSE events as it arrives, ``end`` is called once after the last event.
+    ``leased`` hears how long the request waited for its lease; ``whole`` gets every
+    answer read whole (JSON, and every error), ``events`` each run of complete SSE events
+    as it arrives, ``end`` is called once after the last event.
     """
 
     content_type: bytes  # of a translated stream
+
+    def leased(self, queue_ms: float, cold_start: bool) -> None: ...
 
     def whole(self, status: int, body: bytes) -> tuple[int, bytes]: ...
 
@@ -159,6 +162,7 @@ class ClientRequest:
     method: str = "POST"
     dialect: Dialect = OPENAI  # how vramd's own errors are worded for this client
     translator: Translator | None = None
+    reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the client's answer
 
     def body_for(self, upstream_model: str | None) -> bytes:
         if upstream_model is None or self.model is None or upstream_model == self.model:
@@ -229,6 +233,7 @@ class ProxyResponse(Response):
         except RequestRejected as exc:
             reply = self._request.dialect.reply(exc)
             reply.headers["X-Vramd-Service"] = self._service
+            reply.raw_headers.extend(self._request.reply_headers)
             await reply(scope, receive, send)
             return
         # A cancellation is the client hanging up: the watcher is the only canceller.
@@ -259,7 +264,9 @@ class ProxyResponse(Response):
             headers=self._request.headers,
             timeout=config.upstream_timeout,
         )
-        marks = _lease_headers(lease)
+        marks = _lease_headers(lease) + list(self._request.reply_headers)
+        if self._request.translator is not None:
+            self._request.translator.leased(lease.queue_ms, lease.cold_start)
         try:
             async with asyncio.timeout(config.first_byte_timeout):
                 upstream = await client.send(request, stream=True)
