@@ -20,7 +20,7 @@ from typing import Any
 
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError, Reply, json_reply
-from service.demo_runtime.text import count_words, model_name, reply_pieces, require
+from service.demo_runtime.text import content_words, model_name, reply_pieces, require
 
 
 def create(payload: dict[str, Any], opts: Options) -> Reply:
@@ -59,7 +59,7 @@ def prompt_words(payload: dict[str, Any]) -> int:
     system = payload.get("system")
     if system is not None and not isinstance(system, (str, list)):
         raise ApiError(400, "system: must be a string or a list of text blocks")
-    return count_words(system) + count_words([m["content"] for m in messages])
+    return content_words(system) + content_words(messages)
 
 
 def _events(message: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:

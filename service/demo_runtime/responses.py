@@ -20,7 +20,7 @@ from typing import Any
 
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError, Reply, json_reply
-from service.demo_runtime.text import count_words, model_name, reply_pieces
+from service.demo_runtime.text import content_words, model_name, reply_pieces
 
 
 def create(payload: dict[str, Any], opts: Options) -> Reply:
@@ -34,7 +34,7 @@ def create(payload: dict[str, Any], opts: Options) -> Reply:
     text = "".join(pieces)
     item_id = "msg_" + os.urandom(12).hex()
     response = _response(payload, opts)
-    usage = _usage(count_words(prompt) + count_words(instructions), len(pieces))
+    usage = _usage(content_words(prompt) + content_words(instructions), len(pieces))
     done = {**response, "status": "completed", "output": [_message(item_id, text)]}
     done |= {"completed_at": int(time.time()), "usage": usage}
     if payload.get("stream") is not True:

@@ -31,6 +31,17 @@ def count_words(value: object) -> int:
     return 0
 
 
+def content_words(value: object) -> int:
+    """Words a model would read in messages or input items: their text, not their roles."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, dict):
+        return content_words(value.get("content")) + content_words(value.get("text"))
+    if isinstance(value, list):
+        return sum(content_words(item) for item in value)
+    return 0
+
+
 def model_name(payload: dict[str, Any], opts: Options) -> str:
     """The model the request names, or the first one served, as llama.cpp answers."""
     model = payload.get("model")
