@@ -23,7 +23,8 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
                              takes it back, GET /is_sleeping says which
     --latency-ms MS          added latency before each inference reply (default 0)
     --chunks N               words per reply, one per streamed chunk (default 5)
-    --chunk-delay-ms MS      delay between streamed chunks (default 20)
+    --chunk-delay-ms MS      delay between streamed events (default 20), the framing
+                             events of Responses and Messages streams included
     --workers N              fork N helper processes, as multi-process runtimes do
     --worker-memory SIZE     memory each helper allocates and touches (default 0)
     --parallel N             llama.cpp's slots: GET /slots lists N, /props says N

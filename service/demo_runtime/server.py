@@ -4,7 +4,8 @@ The handler is where the misbehaviour flags act on a request: ``--hang`` never a
 ``--latency-ms`` waits, ``--leak-per-request`` leaks, ``--oom-after`` answers with a
 CUDA out-of-memory error and ``--crash-after`` exits part-way through the reply. Bodies
 arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
-as chunked SSE.
+as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
+``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
 """
 
 from __future__ import annotations
