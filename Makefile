@@ -43,8 +43,24 @@ $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/pip install --quiet -r requirements-real.txt
 	@touch $@
 
-test-real: $(VENV)/.installed-real
-	$(BIN)/pytest -m real
+# llama.cpp's own llama-server, built from the sources the llama-cpp-python sdist
+# vendors (the version requirements-real.txt pins), for tests/test_real_llama_server.py:
+# it answers the chat, Responses and Messages APIs natively (~4-7 min on 2 cores, once).
+LLAMA_SERVER := build/llama-server/bin/llama-server
+LLAMA_CPP_PYTHON = $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-real.txt)
+
+$(LLAMA_SERVER): requirements-real.txt | $(BIN)/python
+	rm -rf build/sdist build/llama-cpp-src
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: -d build/sdist "llama-cpp-python==$(LLAMA_CPP_PYTHON)"
+	mkdir -p build/llama-cpp-src
+	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C build/llama-cpp-src --strip-components=1
+	cmake -S build/llama-cpp-src/vendor/llama.cpp -B build/llama-server -DCMAKE_BUILD_TYPE=Release \
+	  -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
+	cmake --build build/llama-server --target llama-server -j $$(nproc)
+	@touch $@
+
+test-real: $(VENV)/.installed-real $(LLAMA_SERVER)
+	VRAMD_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) $(BIN)/pytest -m real
 
 BENCH_POLICY := bench/policies/ten-services
 BENCH_TRACES := a0.9-cv1 a0.9-cv4 a2.1-cv1 a2.1-cv4

@@ -88,8 +88,13 @@ class StaticLeases:
         self.upstream = upstream
         self.client: httpx.AsyncClient | None = None
 
-    def resolve(self, model: str, route: str) -> str:
-        return "bench"
+    def resolve(self, model: str, route: str) -> Any:
+        from service.leases import Routed
+
+        return Routed("bench", route)
+
+    def service_named(self, name: str) -> str:
+        return name
 
     async def acquire(
         self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None

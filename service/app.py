@@ -28,7 +28,7 @@ import httpx
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import admin, openai, ui
+from service.api import admin, openai, ui, upstream
 from service.api.auth import AuthConfig, install_auth
 from service.api.errors import install_error_handlers
 from service.clock import Clock, SystemClock
@@ -258,6 +258,8 @@ def create_app(
     # routes carry nearly all the traffic (behind /api's twenty they paid ~50 us each).
     # No path of one router overlaps another's, so the order changes nothing else.
     app.include_router(openai.router)
+    app.include_router(openai.alias_router)
+    app.include_router(upstream.router)
     app.include_router(admin.health_router)
     app.include_router(admin.router)
     app.include_router(ui.router)

@@ -20,21 +20,6 @@ class ServiceKind(enum.StrEnum):
     RERANK = "rerank"
 
 
-# The OpenAI routes each kind serves (DESIGN section 3). A request for a model whose kind
-# does not serve the route is a 400.
-ROUTES_BY_KIND: dict[ServiceKind, tuple[str, ...]] = {
-    ServiceKind.CHAT: ("/v1/chat/completions", "/v1/completions"),
-    ServiceKind.EMBEDDING: ("/v1/embeddings",),
-    ServiceKind.DIFFUSION: ("/v1/images/generations", "/v1/images/edits"),
-    ServiceKind.SPEECH: (
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-        "/v1/audio/speech",
-    ),
-    ServiceKind.RERANK: ("/v1/rerank",),
-}
-
-
 class Residency(enum.StrEnum):
     PINNED = "pinned"
     WARM = "warm"

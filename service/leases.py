@@ -47,6 +47,14 @@ class Outcome(enum.StrEnum):
     PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where a client's request goes: the service, and the path its runtime answers at."""
+
+    service: str
+    path: str
+
+
 @dataclass(slots=True)
 class Lease:
     """The right to send one request to one ready runtime instance, until released."""
@@ -63,12 +71,16 @@ class Lease:
 class LeaseProvider(Protocol):
     """What the proxy needs from the orchestrator (the single owner of live state)."""
 
-    def resolve(self, model: str, route: str) -> str:
-        """The service serving ``model`` on ``route``.
+    def resolve(self, model: str, route: str) -> Routed:
+        """The service serving ``model`` on ``route``, and its runtime's path for it.
 
-        Raises ModelNotFound (404), or InvalidRequest (400) when the service's kind does
-        not serve the route.
+        Raises ModelNotFound (404), or InvalidRequest (400) when the service does not
+        serve the route.
         """
+        ...
+
+    def service_named(self, name: str) -> str:
+        """``name`` if it is a service of the active policy; ServiceNotFound (404) if not."""
         ...
 
     async def acquire(

@@ -20,7 +20,7 @@ from typing import Any
 from service.adapters import find_oom
 from service.clock import Clock
 from service.doctor import Doctor
-from service.domain import ROUTES_BY_KIND, InstanceState
+from service.domain import InstanceState
 from service.effects import Counters, KernelEffects
 from service.errors import (
     InsufficientCapacity,
@@ -34,7 +34,7 @@ from service.errors import (
 )
 from service.eventlog import EventLog
 from service.health import Health
-from service.leases import Lease, Waiters
+from service.leases import Lease, Routed, Waiters
 from service.policy import Policy, diff_policies, load_policy
 from service.policy_records import persist_policy, window_conflicts
 from service.reaping import reap_previous_daemon
@@ -286,15 +286,25 @@ class Orchestrator:
 
     # ------------------------------------------------------------- for the proxy
 
-    def resolve(self, model: str, route: str) -> str:
-        """The service that serves ``model``; 404 if none, 400 if it cannot serve ``route``."""
+    def resolve(self, model: str, route: str) -> Routed:
+        """The service that serves ``model`` and its runtime's path for ``route``; 404 if
+        no service serves the model, 400 if its service does not serve the route."""
         name = self.policy.service_for_model(model)
         if name is None:
             self.metrics.request_done("", "model_not_found")
             raise ModelNotFound(f"model {model!r} is not served here; see GET /v1/models")
-        kind = self.policy.services[name].kind
-        if route not in ROUTES_BY_KIND[kind]:
-            raise InvalidRequest(f"model {model!r} is a {kind} model and does not serve {route}")
+        spec = self.policy.services[name]
+        path = spec.route_table().get(route)
+        if path is None:
+            raise InvalidRequest(
+                f"model {model!r} is a {spec.kind} model and does not serve {route} "
+                f"(service {name!r}; its policy's routes: key can add it)"
+            )
+        return Routed(name, path)
+
+    def service_named(self, name: str) -> str:
+        if name not in self.policy.services:
+            raise ServiceNotFound(f"no service named {name!r}; see GET /api/services")
         return name
 
     async def acquire(

@@ -44,19 +44,18 @@ chunk: one ``setsockopt`` each, and answers arrive when the runtime sends them.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api.errors import rejection_response
+from service.api.dialects import OPENAI, Dialect
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.exchange_watch import Acker, DisconnectWatch, Silence
 from service.leases import Lease, LeaseProvider, Outcome
@@ -126,20 +125,47 @@ class ProxyConfig:
         )
 
 
+class Translator(Protocol):
+    """Turns a runtime's answer into another API's (the Ollama listener's).
+
+    ``leased`` hears how long the request waited for its lease; ``whole`` gets every
+    answer read whole (JSON, and every error), ``events`` each run of complete SSE events
+    as it arrives, ``end`` is called once after the last event.
+    """
+
+    content_type: bytes  # of a translated stream
+
+    def leased(self, queue_ms: float, cold_start: bool) -> None: ...
+
+    def whole(self, status: int, body: bytes) -> tuple[int, bytes]: ...
+
+    def events(self, data: bytes) -> bytes: ...
+
+    def end(self) -> bytes: ...
+
+
+def _same_body(name: str) -> bytes:
+    raise AssertionError(f"this request has no model to rewrite (asked for {name!r})")
+
+
 @dataclass(frozen=True, slots=True)
 class ClientRequest:
-    """A client's request as the router hands it over: checked, its model found."""
+    """A client's request as the router hands it over: checked, its service found."""
 
-    path: str  # forwarded as is, query string included
+    path: str  # the runtime's path, query string included
     body: bytes  # the client's bytes, forwarded untouched unless the model is rewritten
     headers: tuple[tuple[str, str], ...]  # the subset in FORWARDED_REQUEST_HEADERS
-    model: str
-    with_model: Callable[[str], bytes]  # the body with its model replaced
+    model: str | None = None  # None: passed through whatever it names (/upstream)
+    with_model: Callable[[str], bytes] = _same_body  # the body with its model replaced
     # Size, max_tokens, prompt length, image size: kept by the orchestrator for incidents.
     shape: Mapping[str, Any] = field(default_factory=dict)
+    method: str = "POST"
+    dialect: Dialect = OPENAI  # how vramd's own errors are worded for this client
+    translator: Translator | None = None
+    reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the client's answer
 
     def body_for(self, upstream_model: str | None) -> bytes:
-        if upstream_model is None or upstream_model == self.model:
+        if upstream_model is None or self.model is None or upstream_model == self.model:
             return self.body
         return self.with_model(upstream_model)
 
@@ -205,8 +231,9 @@ class ProxyResponse(Response):
                 self._service, request_id=self._request_id, request_info=dict(self._request.shape)
             )
         except RequestRejected as exc:
-            reply = rejection_response(exc)
+            reply = self._request.dialect.reply(exc)
             reply.headers["X-Vramd-Service"] = self._service
+            reply.raw_headers.extend(self._request.reply_headers)
             await reply(scope, receive, send)
             return
         # A cancellation is the client hanging up: the watcher is the only canceller.
@@ -231,13 +258,15 @@ class ProxyResponse(Response):
         config = self._config
         client = lease.client
         request = client.build_request(
-            "POST",
+            self._request.method,
             lease.base_url + self._request.path,
             content=self._request.body_for(lease.upstream_model),
             headers=self._request.headers,
             timeout=config.upstream_timeout,
         )
-        marks = _lease_headers(lease)
+        marks = _lease_headers(lease) + list(self._request.reply_headers)
+        if self._request.translator is not None:
+            self._request.translator.leased(lease.queue_ms, lease.cold_start)
         try:
             async with asyncio.timeout(config.first_byte_timeout):
                 upstream = await client.send(request, stream=True)
@@ -247,39 +276,59 @@ class ProxyResponse(Response):
                 failure = _failed(lease, "did not accept the connection", exc)
             else:
                 failure = _timed_out(lease, "before its answer began", config.first_byte_timeout)
-            return await _answer_failure(failure, marks, scope, receive, send)
+            return await self._answer_failure(failure, marks, scope, receive, send)
         except httpx.RequestError as exc:
             failure = _failed(lease, "could not be reached", exc)
-            return await _answer_failure(failure, marks, scope, receive, send)
+            return await self._answer_failure(failure, marks, scope, receive, send)
 
         try:
             ack = Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
             status = upstream.status_code
+            translator = self._request.translator
             if status < 400 and upstream.headers.get("content-type", "").startswith(
                 "text/event-stream"
             ):
+                if translator is not None:
+                    headers = _with_content_type(headers, translator.content_type)
                 return await self._relay_events(upstream, ack, lease, status, headers, send)
-            if status < 400 and "content-length" not in upstream.headers:
+            if status < 400 and "content-length" not in upstream.headers and translator is None:
                 return await self._relay_chunks(upstream, ack, lease, status, headers, send)
             try:
                 async with asyncio.timeout(config.read_timeout):
                     body = await upstream.aread()
             except TimeoutError:
                 failure = _timed_out(lease, "mid-way through its answer", config.read_timeout)
-                return await _answer_failure(failure, marks, scope, receive, send)
+                return await self._answer_failure(failure, marks, scope, receive, send)
             except httpx.RequestError as exc:
                 failure = _failed(lease, "failed mid-way through its answer", exc)
-                return await _answer_failure(failure, marks, scope, receive, send)
+                return await self._answer_failure(failure, marks, scope, receive, send)
+            text = body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace") if status >= 400 else None
+            if translator is not None:
+                status, body = translator.whole(status, body)
+                headers = _with_content_type(headers, b"application/json")
             headers.append((b"content-length", b"%d" % len(body)))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
-            if status >= 400:
-                text = body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+            if text is not None:
                 return Outcome.UPSTREAM_ERROR, text
             return Outcome.OK, None
         finally:
             await upstream.aclose()
+
+    async def _answer_failure(
+        self,
+        failure: RequestRejected,
+        marks: list[tuple[bytes, bytes]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> tuple[Outcome, str | None]:
+        log.warning("%s", failure.message)
+        reply = self._request.dialect.reply(failure)
+        reply.raw_headers.extend(marks)
+        await reply(scope, receive, send)
+        return Outcome(failure.code), failure.message
 
     async def _relay_events(
         self,
@@ -293,6 +342,7 @@ class ProxyResponse(Response):
         """Pass an event stream on as it comes, whole events only; end it with an error
         event if the runtime dies or stalls, so the client never waits on a dead stream."""
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        translator = self._request.translator
         chunks = _body_chunks(upstream)
         held = b""  # the start of an event whose end has not arrived yet
         failure: RequestRejected | None = None
@@ -314,7 +364,7 @@ class ProxyResponse(Response):
                 end = events_end(chunk)
                 held = chunk[end:]
                 if end:
-                    body = chunk[:end]
+                    body = chunk[:end] if translator is None else translator.events(chunk[:end])
                     await send({"type": "http.response.body", "body": body, "more_body": True})
         except asyncio.CancelledError:
             if not silence.timed_out():
@@ -323,10 +373,13 @@ class ProxyResponse(Response):
         finally:
             silence.close()
         if failure is None:
+            if translator is not None:
+                held = translator.events(held) + translator.end()
             await send({"type": "http.response.body", "body": held})
             return Outcome.OK, None
         log.warning("%s", failure.message)
-        await send({"type": "http.response.body", "body": error_event(failure)})
+        body = self._request.dialect.stream_error(failure)
+        await send({"type": "http.response.body", "body": body})
         return Outcome(failure.code), failure.message
 
     async def _relay_chunks(
@@ -389,12 +442,6 @@ def events_end(data: bytes) -> int:
     return end
 
 
-def error_event(failure: RequestRejected) -> bytes:
-    """An OpenAI-shaped error as the last event of a stream (the openai client raises it)."""
-    error = {"message": failure.message, "type": failure.error_type, "code": failure.code}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-
-
 def _lease_headers(lease: Lease) -> list[tuple[bytes, bytes]]:
     return [
         (b"x-vramd-service", lease.service.encode()),
@@ -403,25 +450,18 @@ def _lease_headers(lease: Lease) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def _with_content_type(
+    headers: list[tuple[bytes, bytes]], content_type: bytes
+) -> list[tuple[bytes, bytes]]:
+    kept = [(name, value) for name, value in headers if name != b"content-type"]
+    return [(b"content-type", content_type), *kept]
+
+
 def _response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
     dropped = _DROPPED_RESPONSE_HEADERS
     if listed := headers.get("connection"):  # it may name more hop-by-hop headers
         dropped = dropped | {name.strip().lower().encode() for name in listed.split(",")}
     return [(name.lower(), value) for name, value in headers.raw if name.lower() not in dropped]
-
-
-async def _answer_failure(
-    failure: RequestRejected,
-    marks: list[tuple[bytes, bytes]],
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-) -> tuple[Outcome, str | None]:
-    log.warning("%s", failure.message)
-    reply = rejection_response(failure)
-    reply.raw_headers.extend(marks)
-    await reply(scope, receive, send)
-    return Outcome(failure.code), failure.message
 
 
 def _failed(lease: Lease, what: str, exc: BaseException) -> RuntimeFailed:

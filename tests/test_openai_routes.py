@@ -31,10 +31,11 @@ from service.api import openai as openai_routes
 from service.api.auth import AuthConfig, install_auth
 from service.api.errors import install_error_handlers
 from service.demo_runtime import tiny_wav
-from service.domain import ROUTES_BY_KIND, ServiceKind
-from service.errors import InvalidRequest, ModelNotFound
-from service.leases import Lease
+from service.domain import ServiceKind
+from service.errors import InvalidRequest, ModelNotFound, ServiceNotFound
+from service.leases import Lease, Routed
 from service.proxy import ProxyConfig
+from service.routes import ROUTES_BY_KIND
 
 pytestmark = pytest.mark.slow
 
@@ -75,13 +76,18 @@ class StubLeases:
         for client in self._clients.values():
             await client.aclose()
 
-    def resolve(self, model: str, route: str) -> str:
+    def resolve(self, model: str, route: str) -> Routed:
         for name, svc in self.services.items():
             if svc.model == model:
                 if route not in ROUTES_BY_KIND[svc.kind]:
                     raise InvalidRequest(f"{model!r} does not serve {route}")
-                return name
+                return Routed(name, route)
         raise ModelNotFound(f"model {model!r} not found")
+
+    def service_named(self, name: str) -> str:
+        if name not in self.services:
+            raise ServiceNotFound(f"no service named {name!r}")
+        return name
 
     async def acquire(
         self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None

@@ -25,14 +25,17 @@ from service.api import openai
 from service.api.auth import AuthConfig, install_auth, require_admin_key
 from service.api.errors import install_error_handlers
 from service.demo_runtime import parse_multipart
-from service.domain import ROUTES_BY_KIND, ServiceKind
+from service.domain import ServiceKind
 from service.errors import (
     InvalidRequest,
     ModelNotFound,
     QueueFull,
     RequestRejected,
+    ServiceNotFound,
 )
+from service.leases import Routed
 from service.proxy import Lease, ProxyConfig, UpstreamBroken, events_end
+from service.routes import ROUTES_BY_KIND
 
 CHAT = "/v1/chat/completions"
 TRANSCRIBE = "/v1/audio/transcriptions"
@@ -78,13 +81,18 @@ class FakeLeases:
     def __post_init__(self) -> None:
         self.client = httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
 
-    def resolve(self, model: str, route: str) -> str:
+    def resolve(self, model: str, route: str) -> Routed:
         for name, svc in SERVICES.items():
             if model in svc.models:
                 if route not in ROUTES_BY_KIND[svc.kind]:
                     raise InvalidRequest(f"model {model!r} ({svc.kind}) does not serve {route}")
-                return name
+                return Routed(name, route)
         raise ModelNotFound(f"model {model!r} not found")
+
+    def service_named(self, name: str) -> str:
+        if name not in SERVICES:
+            raise ServiceNotFound(f"no service named {name!r}")
+        return name
 
     async def acquire(
         self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from service.api.dialects import Dialect, dialect_for
 from service.api.errors import rejection_response
 from service.errors import Unauthorized
 from service.policy import ServerConfig
@@ -83,8 +84,15 @@ def get_auth(request: Request) -> AuthConfig:
 # Async so that FastAPI runs them on the event loop, not in its thread pool.
 async def require_api_key(request: Request) -> None:
     """Dependency for ``/v1``: a valid ``Authorization: Bearer`` API key, if keys are set."""
-    if not get_auth(request).api_allows(request.headers.get("authorization")):
-        raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+    auth = get_auth(request)
+    if auth.api_allows(request.headers.get("authorization")):
+        return
+    # Anthropic's clients send their key as ``x-api-key`` (ANTHROPIC_API_KEY).
+    api_key = request.headers.get("x-api-key")
+    if api_key is None or not auth.api_allows("Bearer " + api_key):
+        raise Unauthorized(
+            "missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key')"
+        )
 
 
 async def require_admin_key(request: Request) -> None:
@@ -93,16 +101,20 @@ async def require_admin_key(request: Request) -> None:
         raise Unauthorized("missing or invalid admin key: send 'Authorization: Bearer <key>'")
 
 
-def install_auth(app: FastAPI, config: AuthConfig | None = None) -> None:
+def install_auth(
+    app: FastAPI,
+    config: AuthConfig | None = None,
+    dialect_of: Callable[[str], Dialect] = dialect_for,
+) -> None:
     """Answer ``Unauthorized`` with the challenge header RFC 6750 asks for.
 
     Registered after ``install_error_handlers``; Starlette picks the handler of the
     closest class, so this one wins over the generic ``RequestRejected`` handler.
     """
 
-    async def on_unauthorized(_: Request, exc: Exception) -> Response:
+    async def on_unauthorized(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, Unauthorized)
-        reply = rejection_response(exc)
+        reply = rejection_response(exc, dialect_of(request.url.path))
         reply.headers["WWW-Authenticate"] = 'Bearer realm="vramd"'
         return reply
 

@@ -1,13 +1,15 @@
-"""Every error vramd answers has the OpenAI shape (DESIGN section 6).
+"""Every error vramd answers has the shape its client's API expects (DESIGN section 6).
 
-``{"error": {"message": ..., "type": ..., "code": ...}}``, with ``Retry-After`` when the
-client can usefully try again later. One function builds it so no route invents its own.
+OpenAI's ``{"error": {"message": ..., "type": ..., "code": ...}}`` on ``/v1`` and the
+admin API, Anthropic's on ``/v1/messages*``, Ollama's on the Ollama listener
+(``dialects.py``), with ``Retry-After`` when the client can usefully try again later.
+The handlers installed here pick the dialect by path, so no route invents its own.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.dialects import OPENAI, Dialect, Problem, dialect_for
 from service.errors import RequestRejected
 
 log = logging.getLogger("vramd.api")
@@ -28,24 +31,13 @@ def error_response(
     error_type: str = "invalid_request_error",
     retry_after: float | None = None,
     extra: dict[str, Any] | None = None,
+    dialect: Dialect = OPENAI,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"error": {"message": message, "type": error_type, "code": code}}
-    if extra:
-        body["error"].update(extra)
-    headers = {}
-    if retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
-    return JSONResponse(body, status_code=status, headers=headers)
+    return dialect.reply(Problem(status, code, message, error_type, retry_after, extra))
 
 
-def rejection_response(exc: RequestRejected) -> JSONResponse:
-    return error_response(
-        exc.status,
-        exc.code,
-        exc.message,
-        error_type=exc.error_type,
-        retry_after=exc.retry_after,
-    )
+def rejection_response(exc: RequestRejected, dialect: Dialect = OPENAI) -> JSONResponse:
+    return dialect.reply(exc)
 
 
 _STATUS_CODES = {
@@ -59,32 +51,42 @@ _STATUS_CODES = {
 }
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_rejected(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestRejected)
-        return rejection_response(exc)
+def install_error_handlers(
+    app: FastAPI, dialect_of: Callable[[str], Dialect] = dialect_for
+) -> None:
+    """Answer every error in the dialect ``dialect_of`` names for the request's path."""
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    def dialect(request: Request) -> Dialect:
+        return dialect_of(request.url.path)
+
+    async def on_rejected(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestRejected)
+        return rejection_response(exc, dialect(request))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = _STATUS_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail), dialect=dialect(request))
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
             for err in exc.errors()
         )
-        return error_response(400, "invalid_request", problems or "invalid request")
+        return error_response(
+            400, "invalid_request", problems or "invalid request", dialect=dialect(request)
+        )
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # A bug in vramd: still an OpenAI-shaped answer; the traceback goes to the log.
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug in vramd: still an answer in the client's shape; the traceback is logged.
         log.error("unhandled error answering a request", exc_info=exc)
         return error_response(
             500,
             "internal_error",
             f"internal error in vramd ({type(exc).__name__}); see the daemon log",
             error_type="server_error",
+            dialect=dialect(request),
         )
 
     app.add_exception_handler(Exception, on_unexpected)

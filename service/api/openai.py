@@ -28,15 +28,16 @@ from starlette.responses import Response
 
 from service.api.auth import require_api_key
 from service.api.deps import get_orchestrator
-from service.domain import ROUTES_BY_KIND, ServiceKind
+from service.api.dialects import dialect_for
+from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
 from service.leases import LeaseProvider
 from service.proxy import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
+from service.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
 from service.units import format_size
 
 STARTED = int(time.time())  # the "created" of every model: when this daemon started
 
-PROXIED_ROUTES = tuple(route for routes in ROUTES_BY_KIND.values() for route in routes)
 # Routes that carry files (or make them), held to server.max_upload_body rather than
 # server.max_json_body.
 UPLOAD_ROUTES = frozenset(
@@ -87,6 +88,7 @@ def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
     upload = route in UPLOAD_ROUTES
+    dialect = dialect_for(route)
 
     async def proxy(request: Request) -> Response:
         await require_api_key(request)
@@ -100,29 +102,43 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         body = await read_body(request, limit, setting)
         content_type = request.headers.get("content-type", "")
         model, with_model, shape = find_model(body, content_type)
-        service = leases.resolve(model, route)
+        routed = leases.resolve(model, route)
         query = request.url.query
         client_request = ClientRequest(
-            path=f"{route}?{query}" if query else route,
+            path=f"{routed.path}?{query}" if query else routed.path,
             body=body,
             headers=forwarded_headers(request.headers),
             model=model,
             with_model=with_model,
             shape=shape,
+            dialect=dialect,
         )
-        return ProxyResponse(leases=leases, service=service, request=client_request, config=config)
+        return ProxyResponse(
+            leases=leases, service=routed.service, request=client_request, config=config
+        )
 
     proxy.__name__ = "proxy_" + route.removeprefix("/v1/").replace("/", "_")
     return proxy
 
 
 router.include_router(models_router)
-for _route in PROXIED_ROUTES:
+for _route in CLIENT_ROUTES:
     router.add_api_route(
         _route.removeprefix("/v1"),
         _proxy_route(_route),
         methods=["POST"],
         summary=f"Proxied to the runtime serving the request's model ({_route})",
+    )
+# Other spellings of a route (``/v1/reranking``); ``/rerank`` lies outside ``/v1`` and
+# is added by the app factory from ``alias_router``.
+alias_router = APIRouter(tags=["openai"])
+for _alias, _route in ROUTE_ALIASES.items():
+    target = router if _alias.startswith("/v1/") else alias_router
+    target.add_api_route(
+        _alias.removeprefix("/v1") if target is router else _alias,
+        _proxy_route(_route),
+        methods=["POST"],
+        summary=f"The same as {_route}",
     )
 
 

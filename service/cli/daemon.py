@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +20,11 @@ from service.errors import PolicyError, StoreError
 from service.policy import Policy, Service, load_policy, policy_json_schema
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from service.server import CompanionServer
 
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 import_app = typer.Typer(
@@ -111,6 +117,9 @@ def serve(
     configure_logging(settings.log_level)
     preflight_database(address.database)
     application = create_app(settings)
+    companions: list[tuple[CompanionServer, socket.socket]] = []
+    if policy.server.ollama is not None:
+        companions.append(_ollama_listener(application, address.host, policy, settings))
     server = DaemonServer(
         application,
         uvicorn.Config(
@@ -120,10 +129,42 @@ def serve(
             log_level=settings.log_level,
             timeout_graceful_shutdown=30,
         ),
+        companions,
     )
-    server.run()
+    server.run_all()
     if getattr(application.state, "startup_failed", None):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _ollama_listener(
+    application: FastAPI, host: str, policy: Policy, settings: Settings
+) -> tuple[CompanionServer, socket.socket]:
+    """The Ollama-compatible listener (``server.ollama``), its port bound now so that a
+    port in use is one clear line and exit 1 before anything starts."""
+    import uvicorn
+
+    from service.api.ollama import create_ollama_app
+    from service.server import CompanionServer, bind_listener
+
+    assert policy.server.ollama is not None
+    port = policy.server.ollama.port
+    try:
+        sock = bind_listener(host, port)
+    except OSError as exc:
+        err.print(
+            f"vramd cannot listen for Ollama clients on {host}:{port}: {exc.strerror or exc} "
+            "(is Ollama itself running there? set server.ollama.port to another port)",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_FAILED) from None
+    ollama_app = create_ollama_app(application)
+    config = uvicorn.Config(
+        ollama_app,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+        lifespan="off",
+    )
+    return CompanionServer(config), sock
 
 
 def preflight_database(path: Path) -> None:

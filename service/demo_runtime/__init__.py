@@ -4,9 +4,12 @@ vramd supervises runtimes such as llama.cpp's ``llama-server`` or vLLM as child 
 This package is one it can run anywhere, without a GPU or model weights, while still
 behaving like the real thing where vramd can see it: it listens at once but answers
 ``/health`` with 503 until it has "loaded", it holds real, touched memory (so host memory
-probes measure it), it serves the OpenAI routes of every kind, and it exposes llama.cpp's
-Prometheus metrics. Flags make it misbehave on cue, so races and failures in tests are
-deterministic rather than hoped for.
+probes measure it), it serves the OpenAI routes of every kind, OpenAI's Responses API and
+Anthropic's Messages API as the official clients expect them, llama.cpp's own routes
+(``/slots``, ``/props``, ``/tokenize``) and Prometheus metrics, and, with
+``--native-routes``, the paths where text-embeddings-inference and whisper.cpp answer.
+Flags make it misbehave on cue, so races and failures in tests are deterministic rather
+than hoped for.
 
 Run it as ``python -m service.demo_runtime --port P [flags]`` (the flags are listed in
 ``options``, and by ``--help``). It imports only the standard library and
@@ -16,9 +19,15 @@ Run it as ``python -m service.demo_runtime --port P [flags]`` (the flags are lis
     memory.py    real, touched memory, and forked helpers that hold their own
     state.py     Runtime: what the handler threads share (readiness, counters, leaks,
                  sleep), and the llama.cpp-style metrics drawn from it
-    replies.py   Reply and ApiError: an answer, or an error in OpenAI's shape
+    replies.py   Reply and ApiError: an answer, or an error in OpenAI's (or Anthropic's) shape
     bodies.py    request bodies: JSON, multipart/form-data
-    routes.py    the inference routes: chat, completions, embeddings, images, audio, rerank
+    text.py      the deterministic reply text, word counts, the fields routes share
+    routes.py    the OpenAI routes: chat, completions, embeddings, images, audio, rerank
+    responses.py OpenAI's Responses API, JSON and its named-event stream
+    messages.py  Anthropic's Messages API and its token count, JSON and stream
+    native.py    runtimes' own paths: llama.cpp /slots /props /tokenize, TEI /rerank,
+                 whisper.cpp /inference, and /debug/echo
+    paths.py     which function answers which path, and what --native-routes changes
     media.py     the tiny PNG and WAV files those routes answer with
     server.py    the HTTP server and its handler: reading, misbehaving, replying, streaming
     log.py       whole lines to stdout and stderr, as a supervisor tails them
@@ -28,8 +37,9 @@ Run it as ``python -m service.demo_runtime --port P [flags]`` (the flags are lis
 from service.demo_runtime.bodies import parse_multipart, parse_payload
 from service.demo_runtime.media import tiny_png, tiny_wav
 from service.demo_runtime.options import Options, parse_args
+from service.demo_runtime.paths import ROUTES
 from service.demo_runtime.process import main
-from service.demo_runtime.routes import ROUTES, reply_pieces
+from service.demo_runtime.text import reply_pieces
 
 __all__ = [
     "ROUTES",

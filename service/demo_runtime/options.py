@@ -23,15 +23,27 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
                              takes it back, GET /is_sleeping says which
     --latency-ms MS          added latency before each inference reply (default 0)
     --chunks N               words per reply, one per streamed chunk (default 5)
-    --chunk-delay-ms MS      delay between streamed chunks (default 20)
+    --chunk-delay-ms MS      delay between streamed events (default 20), the framing
+                             events of Responses and Messages streams included
     --workers N              fork N helper processes, as multi-process runtimes do
     --worker-memory SIZE     memory each helper allocates and touches (default 0)
+    --parallel N             llama.cpp's slots: GET /slots lists N, /props says N
+                             (default 1); requests are not limited to N, only reported
+    --native-routes          also answer at runtimes' own paths, as a route map sends
+                             requests there: POST /rerank (text-embeddings-inference)
+                             and POST /inference (whisper.cpp's server); /v1/rerank and
+                             /v1/audio/transcriptions then answer 404
 
 Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/completions,
-/v1/completions, /v1/embeddings, /v1/images/generations, /v1/images/edits,
-/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech and /v1/rerank. Other
-routes: GET /health, GET /v1/models, GET /metrics. It logs a startup line and one line per
-request (``METHOD PATH STATUS``) to stdout. SIGTERM or SIGINT stops it with exit code 0.
+/v1/completions, /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings,
+/v1/images/generations, /v1/images/edits, /v1/audio/transcriptions,
+/v1/audio/translations, /v1/audio/speech and /v1/rerank (with --native-routes: /rerank and
+/inference instead of /v1/rerank and /v1/audio/transcriptions). llama.cpp's own routes,
+answered once loaded: GET /slots, GET /props, POST /tokenize, and POST
+/v1/messages/count_tokens. Other routes: GET /health, GET /v1/models, GET /metrics, and
+/debug/echo (any method: answers the method, path, query, body and content-type it got).
+It logs a startup line and one line per request (``METHOD PATH STATUS``) to stdout.
+SIGTERM or SIGINT stops it with exit code 0.
 """
 
 from __future__ import annotations
@@ -63,6 +75,8 @@ class Options:
     workers: int = 0
     worker_memory: int = 0
     sleep_mode: bool = False
+    parallel: int = 1
+    native_routes: bool = False
 
 
 def _size(text: str) -> int:
@@ -97,9 +111,13 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--worker-memory", type=_size, default=0)
     p.add_argument("--sleep-mode", action="store_true")
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--native-routes", action="store_true")
     ns = vars(p.parse_args(argv))
     names = [name.strip() for item in ns.pop("models") for name in item.split(",")]
     ns["models"] = tuple(name for name in names if name) or ("demo",)
     if ns["chunks"] < 1:
         p.error("--chunks must be at least 1")
+    if ns["parallel"] < 1:
+        p.error("--parallel must be at least 1")
     return Options(**{f.name: ns[f.name] for f in fields(Options)})

@@ -1,9 +1,10 @@
-"""The inference routes, one function per OpenAI endpoint: a payload in, a ``Reply`` out.
+"""The OpenAI inference routes, one function per endpoint: a payload in, a ``Reply`` out.
 
 Answers are deterministic where a test may compare them (embeddings and rerank scores
 come from a hash of the text) and shaped like the real thing where a client parses them
 (chat and text completions, streamed as SSE events; images; transcripts; speech).
-Token counts are words, which is all the usage figures need.
+Token counts are words (``text``). The Responses and Messages APIs live in their own
+modules; ``paths`` maps the routes to these functions.
 """
 
 from __future__ import annotations
@@ -15,49 +16,14 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable
 from typing import Any
 
 from service.demo_runtime.media import tiny_png, tiny_wav
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError, Reply, json_reply
+from service.demo_runtime.text import count_words, model_name, reply_pieces, require
 
 EMBEDDING_DIMS = 16
-
-
-def reply_pieces(count: int) -> list[str]:
-    """'demo reply 1 2 3' for five chunks, as the pieces a stream sends."""
-    words = ["demo", "reply", *(str(i) for i in range(1, count - 1))][:count]
-    return [words[0], *(" " + word for word in words[1:])]
-
-
-def count_words(value: object) -> int:
-    """A token count good enough for usage figures: words in every string of a payload."""
-    if isinstance(value, str):
-        return len(value.split())
-    if isinstance(value, dict):
-        return sum(count_words(item) for item in value.values())
-    if isinstance(value, list):
-        return sum(count_words(item) for item in value)
-    return 0
-
-
-def _model(payload: dict[str, Any], opts: Options) -> str:
-    model = payload.get("model")
-    return model if isinstance(model, str) and model else opts.models[0]
-
-
-def _require(payload: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    value = payload.get(key)
-    if not isinstance(value, kind):
-        raise ApiError(400, f"'{key}' is required and must be a {_kind_name(kind)}")
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names: dict[type, str] = {str: "string", list: "list", bytes: "file"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -69,12 +35,12 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 def chat_completions(payload: dict[str, Any], opts: Options) -> Reply:
-    prompt = count_words(_require(payload, "messages", list))
+    prompt = count_words(require(payload, "messages", list))
     return _generation(payload, opts, prompt, chat=True)
 
 
 def completions(payload: dict[str, Any], opts: Options) -> Reply:
-    prompt = count_words(_require(payload, "prompt", (str, list)))
+    prompt = count_words(require(payload, "prompt", (str, list)))
     return _generation(payload, opts, prompt, chat=False)
 
 
@@ -84,7 +50,7 @@ def _generation(payload: dict[str, Any], opts: Options, prompt: int, *, chat: bo
         "id": ("chatcmpl-" if chat else "cmpl-") + os.urandom(6).hex(),
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
-        "model": _model(payload, opts),
+        "model": model_name(payload, opts),
     }
     if payload.get("stream") is True:
         return Reply(events=_chat_events(head, pieces) if chat else _text_events(head, pieces))
@@ -150,12 +116,12 @@ def embeddings(payload: dict[str, Any], opts: Options) -> Reply:
     tokens = count_words(texts)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return json_reply(
-        {"object": "list", "data": data, "model": _model(payload, opts), "usage": usage}
+        {"object": "list", "data": data, "model": model_name(payload, opts), "usage": usage}
     )
 
 
 def images(payload: dict[str, Any], opts: Options) -> Reply:
-    _require(payload, "prompt", str)
+    require(payload, "prompt", str)
     try:
         count = max(int(payload.get("n", 1)), 1)  # a string when it came in a multipart form
     except (TypeError, ValueError):
@@ -174,24 +140,28 @@ def image_edits(payload: dict[str, Any], opts: Options) -> Reply:
 
 
 def transcriptions(payload: dict[str, Any], opts: Options) -> Reply:
-    audio = _require(payload, "file", bytes)
-    text = f"demo transcript of {len(audio)} bytes"
+    text = transcript(require(payload, "file", bytes))
     if payload.get("response_format") in ("text", "srt", "vtt"):
         return Reply(body=text.encode(), content_type="text/plain; charset=utf-8")
     return json_reply({"text": text})
 
 
+def transcript(audio: bytes) -> str:
+    """What every transcription answers: the same text for the same upload."""
+    return f"demo transcript of {len(audio)} bytes"
+
+
 def speech(payload: dict[str, Any], opts: Options) -> Reply:
-    _require(payload, "input", str)
+    require(payload, "input", str)
     return Reply(body=tiny_wav(), content_type="audio/wav")
 
 
 def rerank(payload: dict[str, Any], opts: Options) -> Reply:
-    query = _require(payload, "query", str)
-    documents = _require(payload, "documents", list)
+    query = require(payload, "query", str)
+    documents = require(payload, "documents", list)
     texts = [d.get("text", "") if isinstance(d, dict) else str(d) for d in documents]
     query_words = set(query.lower().split())
-    scores = [(index, _relevance(query_words, str(text))) for index, text in enumerate(texts)]
+    scores = [(index, relevance(query_words, str(text))) for index, text in enumerate(texts)]
     scores.sort(key=lambda pair: pair[1], reverse=True)
     top_n = payload.get("top_n")
     if isinstance(top_n, int) and top_n > 0:
@@ -199,25 +169,12 @@ def rerank(payload: dict[str, Any], opts: Options) -> Reply:
     results = [{"index": index, "relevance_score": score} for index, score in scores]
     tokens = count_words(texts) + len(query_words)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return json_reply({"model": _model(payload, opts), "results": results, "usage": usage})
+    return json_reply({"model": model_name(payload, opts), "results": results, "usage": usage})
 
 
-def _relevance(query_words: set[str], text: str) -> float:
+def relevance(query_words: set[str], text: str) -> float:
+    """A deterministic score in [0, 1): the share of query words the text holds."""
     overlap = len(query_words & set(text.lower().split())) / max(len(query_words), 1)
     # A small hash-derived term breaks ties deterministically, as real scores rarely tie.
     jitter = int.from_bytes(hashlib.sha256(text.encode()).digest()[:2], "big") / 65536
     return round(0.99 * overlap + 0.01 * jitter, 6)
-
-
-Route = Callable[[dict[str, Any], Options], Reply]
-ROUTES: dict[str, Route] = {
-    "/v1/chat/completions": chat_completions,
-    "/v1/completions": completions,
-    "/v1/embeddings": embeddings,
-    "/v1/images/generations": images,
-    "/v1/images/edits": image_edits,
-    "/v1/audio/transcriptions": transcriptions,
-    "/v1/audio/translations": transcriptions,
-    "/v1/audio/speech": speech,
-    "/v1/rerank": rerank,
-}

@@ -4,7 +4,8 @@ The handler is where the misbehaviour flags act on a request: ``--hang`` never a
 ``--latency-ms`` waits, ``--leak-per-request`` leaks, ``--oom-after`` answers with a
 CUDA out-of-memory error and ``--crash-after`` exits part-way through the reply. Bodies
 arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
-as chunked SSE.
+as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
+``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
 """
 
 from __future__ import annotations
@@ -19,17 +20,20 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
+from service.demo_runtime import native
 from service.demo_runtime.bodies import parse_payload
 from service.demo_runtime.log import log
 from service.demo_runtime.memory import MIB
+from service.demo_runtime.paths import UTILITY_ROUTES, Route, inference_routes, is_anthropic
 from service.demo_runtime.replies import ApiError, Reply, json_reply
-from service.demo_runtime.routes import ROUTES, Route, count_words
 from service.demo_runtime.state import Runtime
+from service.demo_runtime.text import count_words
 
 MAX_BODY = 64 * MIB
 CRASH_AFTER_CHUNKS = 2  # a streamed --crash-after request dies after this many events
 CRASH_EXIT_CODE = 3
 STARTED = int(time.time())
+ECHO_PATH = "/debug/echo"
 
 
 class DemoServer(ThreadingHTTPServer):
@@ -37,6 +41,7 @@ class DemoServer(ThreadingHTTPServer):
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.routes = inference_routes(runtime.opts)
         if ":" in runtime.opts.host:
             self.address_family = socket.AF_INET6
         super().__init__((runtime.opts.host, runtime.opts.port), Handler)
@@ -63,45 +68,86 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path == "/health":
-            ready = self.runtime.ready.is_set()
-            self._send(json_reply({"status": "ok" if ready else "loading"}, 200 if ready else 503))
-        elif path in ("/v1/models", "/models"):
-            data = [
-                {"id": name, "object": "model", "created": STARTED, "owned_by": "demo"}
-                for name in self.runtime.opts.models
-            ]
-            self._send(json_reply({"object": "list", "data": data}))
-        elif path == "/is_sleeping" and self.runtime.opts.sleep_mode:
-            self._send(json_reply({"is_sleeping": self.runtime.sleeping}))
-        elif path == "/metrics":
-            text = self.runtime.metrics().encode()
-            self._send(Reply(body=text, content_type="text/plain; version=0.0.4"))
-        elif path in ROUTES:
-            self._send(ApiError(405, f"use POST for {path}").reply())
-        else:
-            self._send(ApiError(404, f"no route {path}", "not_found_error").reply())
+        try:
+            if path == ECHO_PATH:
+                self._echo()
+            elif path == "/health":
+                ready = self.runtime.ready.is_set()
+                status = 200 if ready else 503
+                self._send(json_reply({"status": "ok" if ready else "loading"}, status))
+            elif path in ("/v1/models", "/models"):
+                data = [
+                    {"id": name, "object": "model", "created": STARTED, "owned_by": "demo"}
+                    for name in self.runtime.opts.models
+                ]
+                self._send(json_reply({"object": "list", "data": data}))
+            elif path == "/is_sleeping" and self.runtime.opts.sleep_mode:
+                self._send(json_reply({"is_sleeping": self.runtime.sleeping}))
+            elif path == "/metrics":
+                text = self.runtime.metrics().encode()
+                self._send(Reply(body=text, content_type="text/plain; version=0.0.4"))
+            elif path in ("/slots", "/props"):
+                self._check_loaded()
+                self._send((native.slots if path == "/slots" else native.props)(self.runtime))
+            else:
+                self._no_route(path)
+        except ApiError as err:
+            self._send(err.reply(anthropic=is_anthropic(path)))
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
+            if path == ECHO_PATH:
+                self._echo()
+                return
             body = self._read_body()
             if self.runtime.opts.sleep_mode and path in ("/sleep", "/wake_up"):
                 (self.runtime.sleep if path == "/sleep" else self.runtime.wake)()
                 log(f"{path.lstrip('/')} done")
                 self._send(Reply(status=200, body=b""))
                 return
-            route = ROUTES.get(path)
-            if route is None:
+            route = self.server.routes.get(path)
+            utility = UTILITY_ROUTES.get(path)
+            if route is None and utility is None:
                 raise ApiError(404, f"no route {path}", "not_found_error")
             payload = parse_payload(body, self.headers.get("Content-Type", ""))
-            if not self.runtime.ready.is_set():
-                raise ApiError(503, "Loading model", "unavailable_error")
-            if self.runtime.sleeping:
-                raise ApiError(503, "the engine is sleeping; POST /wake_up", "unavailable_error")
-            self._infer(route, payload)
+            self._check_loaded()
+            if utility is not None:
+                self._send(utility(payload, self.runtime.opts))
+            elif route is not None:
+                self._infer(route, payload)
         except ApiError as err:
-            self._send(err.reply())
+            self._send(err.reply(anthropic=is_anthropic(path)))
+
+    def do_OTHER(self) -> None:
+        """PUT, PATCH, DELETE and OPTIONS: only /debug/echo takes them."""
+        path = self.path.split("?", 1)[0]
+        try:
+            if path != ECHO_PATH:
+                self._no_route(path)
+                return
+            self._echo()
+        except ApiError as err:
+            self._send(err.reply(anthropic=is_anthropic(path)))
+
+    do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_OTHER
+
+    def _no_route(self, path: str) -> None:
+        if path in self.server.routes or path in UTILITY_ROUTES:
+            raise ApiError(405, f"use POST for {path}")
+        raise ApiError(404, f"no route {path}", "not_found_error")
+
+    def _check_loaded(self) -> None:
+        if not self.runtime.ready.is_set():
+            raise ApiError(503, "Loading model", "unavailable_error")
+        if self.runtime.sleeping:
+            raise ApiError(503, "the engine is sleeping; POST /wake_up", "unavailable_error")
+
+    def _echo(self) -> None:
+        has_body = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
+        body = self._read_body() if has_body else b""
+        content_type = self.headers.get("Content-Type")
+        self._send(native.echo(self.command, self.path, content_type, body))
 
     def _infer(self, route: Route, payload: dict[str, Any]) -> None:
         runtime, opts = self.runtime, self.runtime.opts
@@ -159,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, reply: Reply, *, crash: bool = False) -> None:
         if reply.events is not None:
-            self._send_stream(reply.events, crash=crash)
+            self._send_stream(reply, crash=crash)
             return
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
@@ -172,21 +218,25 @@ class Handler(BaseHTTPRequestHandler):
             self._crash()
         self.wfile.write(reply.body)
 
-    def _send_stream(self, events: list[dict[str, Any]], *, crash: bool) -> None:
+    def _send_stream(self, reply: Reply, *, crash: bool) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for index, event in enumerate(events):
+        for index, event in enumerate(reply.events or []):
             if index:
                 time.sleep(self.runtime.opts.chunk_delay_ms / 1000)
             if crash and index == CRASH_AFTER_CHUNKS:
                 self._crash()
-            self._write_chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            if reply.named_events:
+                data = b"event: " + str(event["type"]).encode() + b"\n" + data
+            self._write_chunk(data)
         if crash:
             self._crash()
-        self._write_chunk(b"data: [DONE]\n\n")
+        if not reply.named_events:
+            self._write_chunk(b"data: [DONE]\n\n")
         self._write_chunk(b"")  # the zero-length chunk that ends the body
 
     def _write_chunk(self, data: bytes) -> None:

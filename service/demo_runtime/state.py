@@ -47,6 +47,12 @@ class Runtime:
             self.memory = block
             self.sleeping = False
 
+    @property
+    def in_flight(self) -> int:
+        """Inference requests being answered now (llama.cpp's busy slots)."""
+        with self._lock:
+            return self._in_flight
+
     def begin(self, tokens: int) -> int:
         """Account for an inference request; returns its 1-based number."""
         with self._lock:

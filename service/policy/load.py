@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.adapter_names import SLEEP_ADAPTERS, canonical_name, guess_name
+from service.adapter_names import SLEEP_ADAPTERS
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
@@ -275,6 +275,9 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                     add(path, f"unknown placeholder ${{{name_used}}}; known: {known}")
                 elif name_used in CAP_PLACEHOLDERS and cap is None:
                     add(path, f"${{{name_used}}} needs services.{name}.memory.cap to be set")
+    ollama = policy.server.ollama
+    if ollama is not None and ollama.port == policy.server.port:
+        add(("server", "ollama", "port"), f"must differ from server.port ({ollama.port})")
     budget, headroom = policy.device.budget, policy.device.headroom
     if budget is not None and headroom >= budget:
         add(("device", "headroom"), f"must be below device.budget ({format_size(budget)})")
@@ -283,8 +286,7 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
 
 
 def _supports_sleep(service: Service) -> bool:
-    name = canonical_name(service.adapter) if service.adapter else guess_name(service.command)
-    return name in SLEEP_ADAPTERS
+    return service.adapter_name in SLEEP_ADAPTERS
 
 
 def _window_checks(policy: Policy, add: Callable[..., None], written: set[str]) -> None:

@@ -10,6 +10,7 @@ name the key and line. The class names are the ``$defs`` of ``vramd schema``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,10 +25,11 @@ from pydantic import (
     field_validator,
 )
 
-from service.adapter_names import canonical_name
+from service.adapter_names import canonical_name, guess_name
 from service.cron import check_cron, check_timezone
 from service.domain import OnCap, Residency, ServiceKind
 from service.policy.protect import Protect
+from service.routes import check_route_map, route_table
 from service.units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -65,6 +67,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class OllamaConfig(_Strict):
+    """An Ollama-compatible listener beside the main one (same host, keys and scheduler)."""
+
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 11434
+
+
 class ServerConfig(_Strict):
     host: StrictStr = "127.0.0.1"
     port: Annotated[StrictInt, Field(ge=1, le=65535)] = 8400
@@ -77,6 +85,8 @@ class ServerConfig(_Strict):
     # after), and the longest silence allowed once a (streamed) answer has started.
     request_timeout: Annotated[Duration, Field(gt=0)] = 600.0
     stream_idle_timeout: Annotated[Duration, Field(gt=0)] = 300.0
+    # Off unless set; read when the daemon starts (a change needs a restart).
+    ollama: OllamaConfig | None = None
 
 
 class DeviceConfig(_Strict):
@@ -135,6 +145,9 @@ class Service(_Strict):
     health: StrictStr = "/health"
     metrics: StrictStr | None = None
     upstream_model: StrictStr | None = None
+    # Client route -> runtime path, over the kind's routes and the adapter's defaults;
+    # null: the service does not serve that route (service.routes).
+    routes: dict[StrictStr, StrictStr | None] = {}
     # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
     # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
     # sd.cpp, tei, openai.
@@ -168,6 +181,20 @@ class Service(_Strict):
     @classmethod
     def _is_path(cls, value: str | None) -> str | None:
         return None if value is None else _url_path(value)
+
+    @field_validator("routes")
+    @classmethod
+    def _known_routes(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        return check_route_map(value)
+
+    @property
+    def adapter_name(self) -> str:
+        """The runtime's adapter name: the policy's ``adapter``, else guessed from argv."""
+        return canonical_name(self.adapter) if self.adapter else guess_name(self.command)
+
+    def route_table(self) -> Mapping[str, str]:
+        """Every client route this service serves -> the path its runtime answers it at."""
+        return route_table(self.kind, self.adapter_name, self.routes)
 
     @property
     def expected_peak_floor(self) -> int:

@@ -1,0 +1,80 @@
+"""Ollama's API in terms of the OpenAI routes vramd serves: pure translation, no I/O.
+
+The Ollama listener (``server.ollama``, DESIGN section 6) answers Ollama clients on the
+same scheduler as ``/v1``. It uses this package to turn each request into an OpenAI one
+and each answer (or SSE chunk) back into Ollama's JSON (or NDJSON lines):
+
+    requests   chat_request, generate_request, embed_request, embeddings_request
+               → Translated(route, body, stream, ignored, load_only, unload_only)
+    answers    Timing; chat_answer, generate_answer, embed_answer, embeddings_answer,
+               idle_answer (load/unload), error_line
+    streams    ChatStream: event(chunk) → lines, finish() → the done line
+    meta       ModelView; tags, ps, show, version; MANAGEMENT_PATHS / is_management
+    fields     the field checks and option mapping the requests share
+
+Nothing here awaits, reads live state or opens a socket; the listener does that.
+"""
+
+from service.ollama.answers import (
+    Timing,
+    chat_answer,
+    embed_answer,
+    embeddings_answer,
+    error_line,
+    generate_answer,
+    idle_answer,
+    rfc3339,
+)
+from service.ollama.meta import (
+    MANAGEMENT_MESSAGE,
+    MANAGEMENT_PATHS,
+    MANAGEMENT_PREFIXES,
+    OLLAMA_VERSION,
+    ModelView,
+    is_management,
+    ps,
+    show,
+    tags,
+    version,
+)
+from service.ollama.requests import (
+    CHAT_ROUTE,
+    COMPLETIONS_ROUTE,
+    EMBEDDINGS_ROUTE,
+    Translated,
+    chat_request,
+    embed_request,
+    embeddings_request,
+    generate_request,
+)
+from service.ollama.streams import ChatStream
+
+__all__ = [
+    "CHAT_ROUTE",
+    "COMPLETIONS_ROUTE",
+    "EMBEDDINGS_ROUTE",
+    "MANAGEMENT_MESSAGE",
+    "MANAGEMENT_PATHS",
+    "MANAGEMENT_PREFIXES",
+    "OLLAMA_VERSION",
+    "ChatStream",
+    "ModelView",
+    "Timing",
+    "Translated",
+    "chat_answer",
+    "chat_request",
+    "embed_answer",
+    "embed_request",
+    "embeddings_answer",
+    "embeddings_request",
+    "error_line",
+    "generate_answer",
+    "generate_request",
+    "idle_answer",
+    "is_management",
+    "ps",
+    "rfc3339",
+    "show",
+    "tags",
+    "version",
+]
