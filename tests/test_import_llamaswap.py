@@ -438,7 +438,7 @@ def test_whisper_server_gets_the_inference_route() -> None:
     # Needs the policy's routes key (client route -> runtime path) from main.
     text, policy = converted("routing_groups.yaml")
     assert policy.services["whisper"].routes == {"/v1/audio/transcriptions": "/inference"}
-    assert "routes:  # llama-swap: whisper-server transcribes at /inference" in text
+    assert "routes:  # whisper-server transcribes at /inference (llama-swap passes" in text
     assert "routes" not in block(text, "kokoro")  # other speech servers keep the OpenAI path
 
 

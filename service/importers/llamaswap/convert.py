@@ -37,11 +37,8 @@ from service.importers.llamaswap.text import (
     with_port,
 )
 from service.policy import load_policy
-from service.policy.schema import Service
 
 WHISPER_ROUTES = {"/v1/audio/transcriptions": "/inference"}
-# The routes key is new in vramd's policy; older loaders refuse it (see _routes).
-ROUTES_KNOWN = "routes" in Service.model_fields
 
 _PROXY_RE = re.compile(
     r"^(?P<scheme>https?)://(?P<host>\[[^\]]*\]|[^:/]+)(?::(?P<port>[^/]+))?(?P<path>/.*)?$"
@@ -311,13 +308,7 @@ class _Converter:
         if kind != "speech" or guess_name(argv) != "whisper.cpp":
             return
         why = "whisper-server transcribes at /inference (llama-swap passes the path through)"
-        if ROUTES_KNOWN:
-            service.set("routes", dict(WHISPER_ROUTES), why)
-        else:
-            service.notes.append(
-                f"TODO {why}: add routes: {show(WHISPER_ROUTES)} once this vramd knows the "
-                "routes key"
-            )
+        service.set("routes", dict(WHISPER_ROUTES), why)
 
     def _residency(
         self, model_id: str, raw: dict[str, Any], preload: set[str], service: ServiceOut

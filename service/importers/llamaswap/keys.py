@@ -21,7 +21,7 @@ TOP_LEVEL_NOTES = {
     "startPort": "vramd gives each instance a free loopback port as ${PORT}",
     "profiles": "vramd has no runtime-switched model-name pins; give names to services",
     "peers": "vramd runs local runtimes only",
-    "upstream": "vramd has no /upstream passthrough; runtimes answer through /v1 only",
+    "upstream": "vramd passes /upstream/{service}/{path} through as is; it has no settings",
 }
 TOP_LEVEL_KEYS = {
     "healthCheckTimeout",
