@@ -35,9 +35,7 @@ BINARY = Path(
     os.environ.get("VRAMD_LLAMA_SERVER", REPO_ROOT / "build/llama-server/bin/llama-server")
 )
 if not BINARY.is_file():
-    pytest.skip(
-        f"no llama-server at {BINARY} (make test-real builds it)", allow_module_level=True
-    )
+    pytest.skip(f"no llama-server at {BINARY} (make test-real builds it)", allow_module_level=True)
 pytest.importorskip("gguf", reason="gguf is missing (make test-real installs it)")
 
 from support.gguf_model import TinyLlama, write_tiny_llama  # noqa: E402

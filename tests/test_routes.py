@@ -108,7 +108,7 @@ def test_an_unknown_client_route_is_a_policy_error_naming_key_and_line() -> None
         load_policy(text)
     (issue,) = caught.value.issues
     assert issue.path == "services.svc.routes"
-    assert issue.line == 8
+    assert issue.line == 9  # the offending entry
     assert "'/v1/slots' is not a route vramd serves" in issue.message
     assert "/upstream/{service}/{path}" in issue.message
 
@@ -157,8 +157,14 @@ def test_dialects_are_chosen_by_the_clients_route() -> None:
 def test_one_rejection_in_each_clients_shape_with_the_same_status() -> None:
     full = QueueFull("queue full", retry_after=2.5)
     for dialect, body in (
-        (OPENAI, {"error": {"message": "queue full", "type": "rate_limit_error", "code": "queue_full"}}),
-        (ANTHROPIC, {"type": "error", "error": {"type": "rate_limit_error", "message": "queue full"}}),
+        (
+            OPENAI,
+            {"error": {"message": "queue full", "type": "rate_limit_error", "code": "queue_full"}},
+        ),
+        (
+            ANTHROPIC,
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "queue full"}},
+        ),
         (OLLAMA, {"error": "queue full"}),
     ):
         reply = dialect.reply(full)
@@ -198,5 +204,5 @@ def test_a_failed_stream_ends_with_each_apis_error_event() -> None:
         "insufficient_capacity",
         "insufficient_capacity",
     )
-    assert OPENAI.stream_error(failure).startswith(b"data: {\"error\"")
+    assert OPENAI.stream_error(failure).startswith(b'data: {"error"')
     assert json.loads(OLLAMA.stream_error(failure)) == {"error": "no room"}

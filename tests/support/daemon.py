@@ -106,6 +106,9 @@ class Daemon:
     def delete(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.client.delete(path, **kwargs)
 
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.request(method, path, **kwargs)
+
     def service(self, name: str) -> dict[str, Any]:
         response = self.get(f"/api/services/{name}")
         response.raise_for_status()
