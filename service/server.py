@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Generator, Sequence
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+
+log = logging.getLogger("vramd.server")
 
 
 class CompanionServer(uvicorn.Server):
@@ -68,10 +71,10 @@ class DaemonServer(uvicorn.Server):
         while not self.started and not main.done():
             await asyncio.sleep(0.05)
         if self.started:
-            self._companion_tasks = [
-                asyncio.create_task(server.serve(sockets=[sock]))
-                for server, sock in self._companions
-            ]
+            for server, sock in self._companions:
+                task = asyncio.create_task(server.serve(sockets=[sock]))
+                task.add_done_callback(_report_failure)
+                self._companion_tasks.append(task)
         try:
             await main
         finally:
@@ -86,6 +89,12 @@ class DaemonServer(uvicorn.Server):
             companion.should_exit = True
         if self._companion_tasks:
             await asyncio.gather(*self._companion_tasks, return_exceptions=True)
+            self._companion_tasks = []
+
+
+def _report_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("the Ollama listener stopped: %s", exc, exc_info=exc)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

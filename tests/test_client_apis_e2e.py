@@ -95,7 +95,7 @@ def claude(daemon: Daemon) -> Iterator[anthropic.Anthropic]:
 
 
 @pytest.fixture(scope="module")
-def llama(ollama_port: int) -> Iterator[ollama.Client]:
+def llama(daemon: Daemon, ollama_port: int) -> Iterator[ollama.Client]:
     client = ollama.Client(host=f"http://127.0.0.1:{ollama_port}", headers=AUTH, timeout=30)
     yield client
     client.close()
@@ -347,7 +347,9 @@ def test_ollama_lists_shows_and_reports_loaded_models(llama: ollama.Client) -> N
     assert llama.show("m-chat").capabilities == ["completion"]
 
 
-def test_ollama_options_that_would_reload_are_ignored_and_said_so(ollama_port: int) -> None:
+def test_ollama_options_that_would_reload_are_ignored_and_said_so(
+    daemon: Daemon, ollama_port: int
+) -> None:
     body = {
         "model": "m-chat",
         "stream": False,
@@ -371,7 +373,9 @@ def test_ollama_model_management_is_refused_with_501(llama: ollama.Client) -> No
     assert deleted.value.status_code == 501
 
 
-def test_ollama_errors_have_ollamas_shape_and_vramds_statuses(ollama_port: int) -> None:
+def test_ollama_errors_have_ollamas_shape_and_vramds_statuses(
+    daemon: Daemon, ollama_port: int
+) -> None:
     base = f"http://127.0.0.1:{ollama_port}"
     missing = httpx.post(f"{base}/api/chat", json={"model": "nope"}, headers=AUTH, timeout=30)
     assert missing.status_code == 404
@@ -379,6 +383,8 @@ def test_ollama_errors_have_ollamas_shape_and_vramds_statuses(ollama_port: int) 
     denied = httpx.get(f"{base}/api/tags")
     assert denied.status_code == 401 and set(denied.json()) == {"error"}
     assert httpx.get(f"{base}/").text == "Ollama is running"
+    unknown = httpx.get(f"{base}/api/nothing-here", headers=AUTH)
+    assert unknown.status_code == 404 and set(unknown.json()) == {"error"}
 
 
 def test_an_ollama_load_request_loads_the_model(daemon: Daemon, llama: ollama.Client) -> None:

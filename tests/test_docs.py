@@ -24,6 +24,7 @@ import pytest
 import typer
 
 from service import cli
+from service.api.ollama import create_ollama_app
 from service.app import create_app
 from service.errors import PolicyError
 from service.policy import load_policy, policy_json_schema
@@ -37,7 +38,7 @@ OPERATIONS_DOC = DOCS / "operations.md"
 CLI_DOC = DOCS / "cli.md"
 
 TOP_LEVEL_KEYS = ("version", "server", "device", "defaults", "services", "maintenance")
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 _FENCE = re.compile(r"^```[\w-]*[ \t]*\n.*?^```[ \t]*$", re.DOTALL | re.MULTILINE)
 _YAML_BLOCK = re.compile(r"^```ya?ml[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -199,13 +200,11 @@ def walk_routes(routes: Iterable[Any], prefix: str = "") -> Iterator[tuple[str, 
 
 
 def app_routes() -> set[tuple[str, str]]:
+    """The routes of the app and of its Ollama listener (``server.ollama``)."""
     app = create_app(Settings(config=ROOT / "config" / "demo.yaml"))
     framework = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
-    return {
-        (method, normalise(path))
-        for method, path in walk_routes(app.routes)
-        if path not in framework
-    }
+    routes = [*walk_routes(app.routes), *walk_routes(create_ollama_app(app).routes)]
+    return {(method, normalise(path)) for method, path in routes if path not in framework}
 
 
 def documented_routes() -> set[tuple[str, str]]:

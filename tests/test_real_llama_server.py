@@ -116,26 +116,28 @@ def test_chat_completions_and_the_responses_api_reach_llama_server(daemon: Daemo
 
 
 def test_anthropic_messages_stream_and_token_count_reach_llama_server(daemon: Daemon) -> None:
-    client = anthropic.Anthropic(base_url=daemon.url, api_key=KEY, timeout=180, max_retries=0)
-    message = client.messages.create(
-        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
-    )
-    assert message.type == "message" and message.role == "assistant"
-    assert message.stop_reason in ("end_turn", "max_tokens")
-    assert message.usage.input_tokens > 0
+    with anthropic.Anthropic(
+        base_url=daemon.url, api_key=KEY, timeout=180, max_retries=0
+    ) as client:
+        message = client.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
+        )
+        assert message.type == "message" and message.role == "assistant"
+        assert message.stop_reason in ("end_turn", "max_tokens")
+        assert message.usage.input_tokens > 0
 
-    with client.messages.stream(
-        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "A story"}]
-    ) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-    assert isinstance(text, str)
-    assert final.usage.output_tokens <= 4
+        with client.messages.stream(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "A story"}]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert isinstance(text, str)
+        assert final.usage.output_tokens <= 4
 
-    count = client.messages.count_tokens(
-        model=MODEL, messages=[{"role": "user", "content": "Hello there"}]
-    )
-    assert count.input_tokens > 0
+        count = client.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there"}]
+        )
+        assert count.input_tokens > 0
 
 
 def test_runtime_native_slots_and_props_pass_through_upstream(daemon: Daemon) -> None:
@@ -182,4 +184,5 @@ def test_the_ollama_client_chats_with_llama_server_through_vramd(
     assert all(not part.done for part in parts[:-1])
     names = [model.model for model in client.list().models]
     assert MODEL in names
+    client.close()
     assert httpx.get(f"http://127.0.0.1:{ollama_port}/api/version").status_code == 401

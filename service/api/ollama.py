@@ -10,8 +10,9 @@ translates the answer back: one JSON object, or NDJSON lines when the client str
 Requests never change the runtime: options such as ``num_ctx`` or ``num_gpu`` and
 ``keep_alive`` would mean a reload or another residency in Ollama, and here the policy
 decides those. They are ignored, named in an ``X-Vramd-Ignored`` header and logged.
-Model-management calls (pull, create, delete, ...) answer 501: the policy file manages
-models. Errors have Ollama's shape, ``{"error": "..."}``, with vramd's statuses.
+Model-management calls (pull, push, create, copy, delete, blobs) answer 501: the policy
+file manages models. Other paths answer 404. Errors have Ollama's shape,
+``{"error": "..."}``, with vramd's statuses.
 
 Model names are the policy's. Ollama's clients may add the implicit ``:latest`` tag, so
 a name that is not served is looked up again without it.
@@ -40,6 +41,7 @@ from service.errors import InvalidRequest, ModelNotFound
 from service.leases import LeaseProvider, Outcome, Routed
 from service.ollama import (
     MANAGEMENT_MESSAGE,
+    MANAGEMENT_ROUTES,
     ModelView,
     Translated,
     chat_request,
@@ -47,7 +49,6 @@ from service.ollama import (
     embeddings_request,
     generate_request,
     idle_answer,
-    is_management,
     ps,
     show,
     tags,
@@ -144,12 +145,16 @@ async def api_embeddings(request: Request) -> Response:
     return await _proxied(request, embeddings_request, "embeddings")
 
 
-@router.api_route("/api/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"])
-async def other(path: str) -> JSONResponse:
-    if is_management(f"/api/{path}"):
-        return error_response(501, "not_implemented", MANAGEMENT_MESSAGE, dialect=OLLAMA)
-    return error_response(
-        404, "not_found", f"/api/{path} is not an Ollama API route vramd serves", dialect=OLLAMA
+def _managed_by_policy() -> JSONResponse:
+    return error_response(501, "not_implemented", MANAGEMENT_MESSAGE, dialect=OLLAMA)
+
+
+for _method, _path in MANAGEMENT_ROUTES:
+    router.add_api_route(
+        _path,
+        _managed_by_policy,
+        methods=[_method],
+        summary="Refused (501): models are managed by vramd's policy file",
     )
 
 

@@ -9,7 +9,7 @@ and each answer (or SSE chunk) back into Ollama's JSON (or NDJSON lines):
     answers    Timing; chat_answer, generate_answer, embed_answer, embeddings_answer,
                idle_answer (load/unload), error_line
     streams    ChatStream: event(chunk) → lines, finish() → the done line
-    meta       ModelView; tags, ps, show, version; MANAGEMENT_PATHS / is_management
+    meta       ModelView; tags, ps, show, version; MANAGEMENT_ROUTES
     fields     the field checks and option mapping the requests share
 
 Nothing here awaits, reads live state or opens a socket; the listener does that.
@@ -27,11 +27,9 @@ from service.ollama.answers import (
 )
 from service.ollama.meta import (
     MANAGEMENT_MESSAGE,
-    MANAGEMENT_PATHS,
-    MANAGEMENT_PREFIXES,
+    MANAGEMENT_ROUTES,
     OLLAMA_VERSION,
     ModelView,
-    is_management,
     ps,
     show,
     tags,
@@ -54,8 +52,7 @@ __all__ = [
     "COMPLETIONS_ROUTE",
     "EMBEDDINGS_ROUTE",
     "MANAGEMENT_MESSAGE",
-    "MANAGEMENT_PATHS",
-    "MANAGEMENT_PREFIXES",
+    "MANAGEMENT_ROUTES",
     "OLLAMA_VERSION",
     "ChatStream",
     "ModelView",
@@ -71,7 +68,6 @@ __all__ = [
     "generate_answer",
     "generate_request",
     "idle_answer",
-    "is_management",
     "ps",
     "rfc3339",
     "show",

@@ -23,8 +23,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 # Paths under which the listener answers 501; /api/blobs/ is a prefix (/api/blobs/:digest).
-MANAGEMENT_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
-MANAGEMENT_PREFIXES = ("/api/blobs/",)
+# Ollama's model-management routes, as (method, path) of its API.
+MANAGEMENT_ROUTES = (
+    ("POST", "/api/pull"),
+    ("POST", "/api/push"),
+    ("POST", "/api/create"),
+    ("POST", "/api/copy"),
+    ("DELETE", "/api/delete"),
+    ("HEAD", "/api/blobs/{digest}"),
+    ("POST", "/api/blobs/{digest}"),
+)
 MANAGEMENT_MESSAGE = "models are managed by vramd's policy file; edit it and run vramd apply"
 
 # 0.9.0 is the release that added `think`, which vramd translates. It is above the floors
@@ -59,11 +67,6 @@ class ModelView:
     @property
     def loaded(self) -> bool:
         return self.state in LOADED_STATES
-
-
-def is_management(path: str) -> bool:
-    """Whether the listener answers ``path`` 501 with ``MANAGEMENT_MESSAGE``."""
-    return path in MANAGEMENT_PATHS or path.startswith(MANAGEMENT_PREFIXES)
 
 
 def digest(name: str) -> str:
