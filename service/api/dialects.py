@@ -32,6 +32,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     415: "invalid_request_error",
     422: "invalid_request_error",
@@ -110,7 +111,8 @@ class AnthropicDialect(Dialect):
     name = "anthropic"
 
     def body(self, problem: Problem) -> dict[str, Any]:
-        kind = _ANTHROPIC_TYPES.get(problem.status, "api_error")
+        fallback = "invalid_request_error" if problem.status < 500 else "api_error"
+        kind = _ANTHROPIC_TYPES.get(problem.status, fallback)
         return {"type": "error", "error": {"type": kind, "message": problem.message}}
 
     def event(self, problem: Problem) -> bytes:
