@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +54,8 @@ class Routed:
 
     service: str
     path: str
+    # JSON fields to set over the client's (the service's set_params for the model).
+    params: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -300,7 +300,7 @@ class Orchestrator:
                 f"model {model!r} is a {spec.kind} model and does not serve {route} "
                 f"(service {name!r}; its policy's routes: key can add it)"
             )
-        return Routed(name, path)
+        return Routed(name, path, spec.set_params.get(model))
 
     def service_named(self, name: str) -> str:
         if name not in self.policy.services:

@@ -9,6 +9,7 @@ Ollama's API run unchanged against it (DESIGN sections 3 and 6).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,13 @@ SERVICES = {
     "whisper": svc("speech", ["m-whisper"], "--native-routes", adapter="whisper.cpp"),
     # A chat runtime that also embeds: a route beyond its kind's, through routes:.
     "both": svc("chat", ["m-both"], routes={"/v1/embeddings": "/v1/embeddings"}),
+    # Its chat route answered by the demo's /debug/echo: the test reads what arrived.
+    "echo": svc(
+        "chat",
+        ["m-echo", "m-echo-hot"],
+        routes={"/v1/chat/completions": "/debug/echo"},
+        set_params={"m-echo-hot": {"temperature": 1.5, "top_k": 7}},
+    ),
     "slow": svc("chat", ["m-slow"], "--chunks", "400", "--chunk-delay-ms", "50", max_concurrency=1),
     "crashy": svc(
         "chat",
@@ -231,6 +239,22 @@ def test_a_route_map_lets_a_chat_runtime_embed(oai: openai.OpenAI) -> None:
     assert len(embedded.data) == 2
     with pytest.raises(openai.BadRequestError, match="routes: key can add it"):
         oai.embeddings.create(model="m-chat", input="chat models do not embed")
+
+
+def test_set_params_set_fields_per_model_name_over_the_clients(daemon: Daemon) -> None:
+    def arrived(model: str) -> dict[str, Any]:
+        body = {"model": model, "temperature": 0.1, "messages": [{"role": "user", "content": "x"}]}
+        answer = daemon.post("/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+        assert answer.status_code == 200, answer.text
+        echo = answer.json()
+        assert echo["path"] == "/debug/echo"  # the route map sent it there
+        forwarded: dict[str, Any] = json.loads(echo["body"])
+        return forwarded
+
+    assert arrived("m-echo")["temperature"] == 0.1  # no set_params: the client's bytes
+    hot = arrived("m-echo-hot")
+    assert (hot["model"], hot["temperature"], hot["top_k"]) == ("m-echo-hot", 1.5, 7)
+    assert hot["messages"] == [{"role": "user", "content": "x"}]
 
 
 def test_one_model_is_found_by_name(oai: openai.OpenAI) -> None:

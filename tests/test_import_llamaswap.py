@@ -420,18 +420,39 @@ def test_capabilities_reranker_becomes_kind_rerank_and_others_their_kinds() -> N
     assert kinds == {"img": "diffusion", "tts": "speech", "emb": "rerank"}
 
 
-def test_set_params_by_id_names_are_served_and_their_fields_commented() -> None:
+def test_set_params_by_id_names_are_served_with_their_fields() -> None:
     text, policy = converted("routing_groups.yaml")
-    assert policy.services["qwen3-32b"].models == ["qwen3-32b", "qwen3-32b:fast"]
-    qwen = block(text, "qwen3-32b")
-    assert "models: [qwen3-32b, qwen3-32b:fast]  # llama-swap: aliases, setParamsByID ids" in qwen
-    assert (
-        "# llama-swap: filters.setParamsByID.qwen3-32b:fast: sets {chat_template_kwargs: "
-        "{enable_thinking: false}, temperature: 0.6}; not applied: vramd cannot set request "
-        "fields per model name"
-    ) in qwen
-    # the model's own id is listed too: its fields are not applied either
-    assert "filters.setParamsByID.qwen3-32b: sets {chat_template_kwargs: {enable_th" in qwen
+    qwen = policy.services["qwen3-32b"]
+    assert qwen.models == ["qwen3-32b", "qwen3-32b:fast"]
+    assert "models: [qwen3-32b, qwen3-32b:fast]  # llama-swap: aliases, setParamsByID ids" in text
+    # each id sets its own fields; the model's own id is one of them
+    assert qwen.set_params == {
+        "qwen3-32b": {"chat_template_kwargs": {"enable_thinking": True}},
+        "qwen3-32b:fast": {"chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.6},
+    }
+
+
+def test_set_params_apply_to_every_name_and_by_id_fields_win() -> None:
+    config = (
+        "models:\n"
+        "  m:\n"
+        "    cmd: llama-server --port ${PORT}\n"
+        "    aliases: [m-alias]\n"
+        "    filters:\n"
+        "      stripParams: top_k\n"
+        "      setParams: {temperature: 0.2, top_p: 0.9, model: other}\n"
+        "      setParamsByID: {m-hot: {temperature: 1.0}}\n"
+    )
+    text = convert(config, environ={})
+    spec = load_policy(text).services["m"]
+    assert spec.models == ["m", "m-alias", "m-hot"]
+    assert spec.set_params == {
+        "m": {"temperature": 0.2, "top_p": 0.9},
+        "m-alias": {"temperature": 0.2, "top_p": 0.9},
+        "m-hot": {"temperature": 1.0, "top_p": 0.9},
+    }
+    assert "filters.setParams.model: other left out" in text
+    assert "# llama-swap: filters: {stripParams: top_k}" in text
 
 
 def test_whisper_server_gets_the_inference_route() -> None:

@@ -143,6 +143,29 @@ def test_the_ollama_listener_port_must_differ_from_the_main_port() -> None:
     assert load_policy("version: 1\nserver: {ollama: {}}\n").server.ollama.port == 11434  # type: ignore[union-attr]
 
 
+def test_set_params_must_name_the_services_own_models_and_never_the_model() -> None:
+    text = policy_with(
+        """\
+        kind: chat
+        command: [llama-server]
+        set_params:
+          m: {temperature: 0.1, model: other}
+          elsewhere: {top_p: 0.5}
+        """
+    )
+    with pytest.raises(PolicyError) as caught:
+        load_policy(text)
+    issues = {issue.path: issue.message for issue in caught.value.issues}
+    assert issues == {
+        "services.svc.set_params.elsewhere": (
+            "'elsewhere' is not one of this service's models ['m']"
+        ),
+        "services.svc.set_params.m.model": "the model name cannot be set here; use upstream_model",
+    }
+    fixed = text.replace(", model: other", "").replace("elsewhere: {top_p: 0.5}", "")
+    assert load_policy(fixed).services["svc"].set_params == {"m": {"temperature": 0.1}}
+
+
 # --- dialects ----------------------------------------------------------------------------
 
 

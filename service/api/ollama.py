@@ -180,7 +180,7 @@ async def _proxied(
         return await _load_or_unload(leases, routed, translated, asked, endpoint, headers)
 
     model = _served_name(leases, asked, routed)
-    fields = translated.body
+    fields = {**translated.body, **(routed.params or {})}
 
     def with_model(name: str) -> bytes:
         return json.dumps({**fields, "model": name}, separators=(",", ":")).encode()

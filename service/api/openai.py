@@ -6,9 +6,10 @@ orchestrator which service serves that model on this route and hands the rest to
 ``service.proxy.ProxyResponse``, which queues, forwards and relays.
 
 The client's bytes are forwarded as they came. A body is re-encoded only when the service
-sets ``upstream_model``: JSON is then dumped again with the new model, and a multipart
-body gets the model field's value replaced in place (files are never parsed or copied
-twice; a find over the already-read body locates the field).
+sets ``upstream_model`` or ``set_params`` for the model: JSON is then dumped again with
+the new model and fields, and a multipart body gets the model field's value replaced in
+place (files are never parsed or copied twice; a find over the already-read body locates
+the field; ``set_params`` applies to JSON bodies only).
 
 Every route here requires an API key when ``server.api_keys`` is set (``auth.py``).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -103,6 +104,8 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         content_type = request.headers.get("content-type", "")
         model, with_model, shape = find_model(body, content_type)
         routed = leases.resolve(model, route)
+        if routed.params and not shape.get("multipart"):
+            body, with_model = with_params(body, routed.params)
         query = request.url.query
         client_request = ClientRequest(
             path=f"{routed.path}?{query}" if query else routed.path,
@@ -204,6 +207,16 @@ def _json_model(body: bytes) -> tuple[str, ModelRewrite, dict[str, Any]]:
         return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
 
     return model, with_model, request_shape(payload, len(body))
+
+
+def with_params(body: bytes, params: Mapping[str, Any]) -> tuple[bytes, ModelRewrite]:
+    """A JSON body with a service's ``set_params`` fields set over the client's."""
+    payload = {**json.loads(body), **params}
+
+    def with_model(name: str) -> bytes:
+        return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
+
+    return json.dumps(payload, separators=(",", ":")).encode(), with_model
 
 
 def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:

@@ -239,6 +239,19 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                 add((*base, "models", i), f"model {model!r} is already served by {owners[model]!r}")
             else:
                 owners[model] = name
+        for model, fields in service.set_params.items():
+            if model not in service.models:
+                add(
+                    (*base, "set_params", model),
+                    f"{model!r} is not one of this service's models {service.models}",
+                    key=True,
+                )
+            if "model" in fields:
+                add(
+                    (*base, "set_params", model, "model"),
+                    "the model name cannot be set here; use upstream_model",
+                    key=True,
+                )
         cap, estimate = service.memory.cap, service.memory.estimate
         if cap is not None and cap < estimate:
             add((*base, "memory", "cap"), f"must be >= estimate ({format_size(estimate)})")

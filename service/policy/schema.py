@@ -148,6 +148,9 @@ class Service(_Strict):
     # Client route -> runtime path, over the kind's routes and the adapter's defaults;
     # null: the service does not serve that route (service.routes).
     routes: dict[StrictStr, StrictStr | None] = {}
+    # Request fields set (over the client's) for requests naming one of its models: one
+    # loaded runtime, several configurations by name (llama-swap's setParamsByID).
+    set_params: dict[ModelName, dict[StrictStr, Any]] = {}
     # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
     # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
     # sd.cpp, tei, openai.

@@ -8,7 +8,8 @@ says why it has no equivalent):
 | ``models.<id>`` | service ``slug(id)`` serving model ``<id>`` |
 | ``cmd`` (macros, comment lines, ``\\`` continuations) | ``command`` argv; ``${PORT}`` kept |
 | ``proxy`` with a fixed port | that port in ``cmd`` becomes ``${PORT}`` |
-| ``aliases``, ``filters.setParamsByID`` ids | more ``models`` names (what the ids set: a comment) |
+| ``aliases``, ``filters.setParamsByID`` ids | more ``models``; the ids' fields: ``set_params`` |
+| ``filters.setParams`` | ``set_params`` for every model name |
 | ``env: ["K=V"]`` | ``env: {K: V}`` |
 | ``checkEndpoint`` | ``health`` |
 | ``capabilities`` (``reranker``, ``embeddings``, ``out: [image]``, ...) | ``kind`` |

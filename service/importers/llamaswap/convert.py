@@ -149,9 +149,14 @@ class _Converter:
         argv = self._proxy(raw.get("proxy"), argv, macros, model_id, notes)
         kind, kind_note = kind_of(argv, raw.get("capabilities"), notes)
         service.set("kind", kind, kind_note)
-        extra = self._filters(model_id, raw.get("filters"), macros, notes)
+        base, by_id = self._filters(model_id, raw.get("filters"), macros, notes)
+        extra = [name for name in by_id if name != model_id]
         names = self._model_names(model_id, raw.get("aliases"), extra, notes)
         service.set("models", names, "llama-swap: aliases, setParamsByID ids" if extra else None)
+        params = {name: {**base, **by_id.get(name, {})} for name in names}
+        params = {name: fields for name, fields in params.items() if fields}
+        if params:
+            service.set("set_params", params, "llama-swap: filters.setParams, setParamsByID")
         service.set("command", argv)
         env = self._env_list(raw.get("env"), macros, model_id, where, notes)
         if env:
@@ -204,35 +209,48 @@ class _Converter:
 
     def _filters(
         self, model_id: str, raw: Any, macros: Mapping[str, str], notes: list[str]
-    ) -> list[str]:
-        """Notes for request filters; the extra model names ``setParamsByID`` creates."""
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Request filters: the fields ``setParams`` sets for every name of the model, and
+        those ``setParamsByID`` sets per name (each id also becomes a model name)."""
         if raw is None:
-            return []
+            return {}, {}
         if not isinstance(raw, dict):
-            notes.append(no_equivalent("filters", raw, "vramd forwards request bodies unchanged"))
-            return []
-        rest = {k: v for k, v in raw.items() if k != "setParamsByID"}
+            notes.append(no_equivalent("filters", raw, "not a mapping"))
+            return {}, {}
+        rest = {k: v for k, v in raw.items() if k not in ("setParams", "setParamsByID")}
         if rest:
             notes.append(
-                no_equivalent("filters", rest, "vramd forwards request bodies unchanged", limit=150)
+                no_equivalent(
+                    "filters", rest, "vramd forwards the other fields unchanged", limit=150
+                )
             )
+        base = self._params("filters.setParams", raw.get("setParams"), notes)
         by_id = raw.get("setParamsByID")
         if by_id is None:
-            return []
+            return base, {}
         if not isinstance(by_id, dict):
             notes.append(no_equivalent("filters.setParamsByID", by_id, "not a mapping"))
-            return []
-        names = []
+            return base, {}
+        named = {}
         for key, params in by_id.items():
             where = f"models.{model_id}.filters.setParamsByID"
             name = self.macros.expand(str(key), macros, model_id, where, notes)
-            if name != model_id:
-                names.append(name)
+            named[name] = self._params(f"filters.setParamsByID.{name}", params, notes)
+        return base, named
+
+    @staticmethod
+    def _params(where: str, params: Any, notes: list[str]) -> dict[str, Any]:
+        if params is None:
+            return {}
+        if not isinstance(params, dict):
+            notes.append(no_equivalent(where, params, "not a mapping of request fields"))
+            return {}
+        if "model" in params:
             notes.append(
-                f"llama-swap: filters.setParamsByID.{name}: sets {show(params, limit=80)}; not "
-                "applied: vramd cannot set request fields per model name"
+                f"llama-swap: {where}.model: {show(params['model'])} left out (a request's "
+                "model names the service; upstream_model renames it for the runtime)"
             )
-        return names
+        return {str(k): v for k, v in params.items() if k != "model"}
 
     def _proxy(
         self,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from service.importers import comment, flow_list, scalar
 
 ESTIMATE = "4GiB"
@@ -73,6 +75,10 @@ def line(indent: int, key: str, value: Any, note: str | None = None) -> str:
     return f"{text}  # {comment(note)}" if note else text
 
 
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
 def _field(key: str, value: Any, note: str | None) -> list[str]:
     if key in ("models", "command"):
         text = f"    {key}: {flow_list(value, column=6 + len(key))}"
@@ -80,6 +86,12 @@ def _field(key: str, value: Any, note: str | None) -> list[str]:
     if key in ("env", "routes"):
         head = f"    {key}:" + (f"  # {comment(note)}" if note else "")
         return [head, *(line(6, k, v) for k, v in value.items())]
+    if key == "set_params":  # model name -> its fields, one flow mapping per name
+        head = f"    {key}:" + (f"  # {comment(note)}" if note else "")
+        flows = (
+            yaml.safe_dump(v, default_flow_style=True, width=10**6).strip() for v in value.values()
+        )
+        return [head, *(f"      {scalar(k)}: {flow}" for k, flow in zip(value, flows, strict=True))]
     if key == "memory":
         return ["    memory:", line(6, "estimate", value["estimate"], ESTIMATE_NOTE)]
     return [line(4, key, value, note)]
