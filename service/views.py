@@ -58,6 +58,7 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "learned_load_s": rt.learned_load_s,
         "backoff_until": inst.backoff_until,
         "flags": sorted(rt.flags),
+        "routes": dict(spec.route_table()),
         "last_error": inst.last_error or view.error,
     }
 

@@ -226,6 +226,13 @@ def test_tei_reranks_at_its_native_path_from_every_alias(daemon: Daemon, path: s
     assert ranked == sorted(ranked, key=lambda item: -item["score"])
 
 
+def test_each_services_route_table_is_shown_by_the_api(daemon: Daemon) -> None:
+    assert daemon.service("tei")["routes"] == {"/v1/rerank": "/rerank"}
+    whisper = daemon.service("whisper")["routes"]
+    assert whisper["/v1/audio/transcriptions"] == "/inference"
+    assert daemon.service("both")["routes"]["/v1/embeddings"] == "/v1/embeddings"
+
+
 def test_whisper_cpp_transcribes_at_inference(oai: openai.OpenAI) -> None:
     audio = tiny_wav()
     transcript = oai.audio.transcriptions.create(
