@@ -24,7 +24,9 @@ and measures three sides against the *same runtime process*:
 
 ``--sides`` may add ``router``: vramd's own ``/v1`` router and proxy with a lease provider
 that grants at once (``bench.relay --app router``, what this benchmark measured before),
-which splits vramd's extra time into the HTTP side and the kernel's.
+which splits vramd's extra time into the HTTP side and the kernel's; and ``ollama``:
+the same daemon's Ollama listener (``server.ollama``), ``POST /api/chat`` with the same
+conversation, which adds the translation to and from the OpenAI route and NDJSON.
 
 For each mode (non-streaming chat; streaming chat: time to the first event and to the
 end) and each concurrency, each side first gets ``--warmup`` requests that are thrown
@@ -67,13 +69,14 @@ from bench.report import write_outputs
 
 CHAT_PATH = "/v1/chat/completions"
 SERVICE = "bench"
-SIDES = ("direct", "vramd", "relay", "router")
+SIDES = ("direct", "vramd", "relay", "router", "ollama")
+PATHS = {"ollama": "/api/chat"}  # every other side: CHAT_PATH
 MODES = ("chat", "stream")
 T = TypeVar("T")
 COLUMNS = ("mode", "conc", "side", "p50", "p90", "p99", "+p50", "+p90", "+p99", "req/s")
 
 
-def bench_policy(chunks: int = 5, idle_services: int = 0) -> str:
+def bench_policy(chunks: int = 5, idle_services: int = 0, ollama_port: int | None = None) -> str:
     """One pinned chat service, its limits far above what the benchmark sends at once;
     and ``idle_services`` on-demand ones that nobody asks for (a policy's size is part
     of what a request costs: the scheduler's pass looks at every service)."""
@@ -95,7 +98,10 @@ def bench_policy(chunks: int = 5, idle_services: int = 0) -> str:
             "command": demo_command(),
             "memory": {"estimate": "64MiB"},
         }
-    return policy_text(services, budget="4GiB")
+    text = policy_text(services, budget="4GiB")
+    if ollama_port is not None:
+        text += f"server:\n  ollama: {{port: {ollama_port}}}\n"
+    return text
 
 
 @contextlib.contextmanager
@@ -127,8 +133,15 @@ def runtime_of(target: str, model: str, headers: dict[str, str]) -> str:
 # --- measuring ----------------------------------------------------------------------------
 
 
-def payloads(model: str) -> dict[str, bytes]:
-    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+def payloads(model: str, side: str) -> dict[str, bytes]:
+    messages = [{"role": "user", "content": "hi"}]
+    if side == "ollama":
+        chat = {"model": model, "messages": messages, "options": {"num_predict": 8}}
+        return {
+            "chat": json.dumps({**chat, "stream": False}).encode(),
+            "stream": json.dumps({**chat, "stream": True}).encode(),
+        }
+    chat = {"model": model, "messages": messages, "max_tokens": 8}
     return {
         "chat": json.dumps(chat).encode(),
         "stream": json.dumps({**chat, "stream": True}).encode(),
@@ -139,8 +152,8 @@ async def measure(
     urls: dict[str, str], args: argparse.Namespace, headers: dict[str, str]
 ) -> dict[tuple[str, int, str], list[Burst]]:
     """Every (mode, concurrency, side): its measured bursts, warm-up left out."""
-    targets = {side: Target(url, CHAT_PATH, headers) for side, url in urls.items()}
-    bodies = payloads(args.model)
+    targets = {side: Target(url, PATHS.get(side, CHAT_PATH), headers) for side, url in urls.items()}
+    bodies = {side: payloads(args.model, side) for side in urls}
     out: dict[tuple[str, int, str], list[Burst]] = {}
     sides = list(targets)
     try:
@@ -148,14 +161,14 @@ async def measure(
             for conc in args.concurrency:
                 for side in sides:
                     target = targets[side]
-                    request = target.request(bodies[mode])
+                    request = target.request(bodies[side][mode])
                     await burst(target, request, count=args.warmup, concurrency=conc)
                 for r in range(args.rounds):
                     for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
                         target = targets[side]
                         got = await burst(
                             target,
-                            target.request(bodies[mode]),
+                            target.request(bodies[side][mode]),
                             count=args.per_round,
                             concurrency=conc,
                         )
@@ -300,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     loadavg_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
+        ollama_port = free_port() if "ollama" in args.sides else None
         if args.target is None:
-            policy = bench_policy(args.chunks, args.idle_services)
+            policy = bench_policy(args.chunks, args.idle_services, ollama_port)
             vramd = stack.enter_context(running_vramd(policy))
             vramd.wait_ready([SERVICE])
             target = vramd.url
@@ -309,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             target = args.target.rstrip("/")
         runtime = runtime_of(target, args.model, headers)
         urls = {"direct": runtime, "vramd": target}
+        if ollama_port is not None:
+            if args.target is not None:
+                raise SystemExit("--sides ollama starts its own vramd: leave out --target")
+            urls["ollama"] = f"http://127.0.0.1:{ollama_port}"
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-proxy-")))
         for app in ("relay", "router"):
             if app in args.sides:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from service.adapters import find_oom
@@ -91,6 +91,7 @@ class Orchestrator:
         settings: Settings,
     ) -> None:
         self.policy = policy
+        self._routes = route_tables(policy)
         self.runtimes = runtimes
         self.sampler = sampler
         self.doctor = doctor
@@ -250,6 +251,7 @@ class Orchestrator:
 
     def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
         self.policy = policy
+        self._routes = route_tables(policy)
         for listener in self.policy_listeners:
             listener(policy)
         for name in added:
@@ -294,7 +296,7 @@ class Orchestrator:
             self.metrics.request_done("", "model_not_found")
             raise ModelNotFound(f"model {model!r} is not served here; see GET /v1/models")
         spec = self.policy.services[name]
-        path = spec.route_table().get(route)
+        path = self._routes[name].get(route)
         if path is None:
             raise InvalidRequest(
                 f"model {model!r} is a {spec.kind} model and does not serve {route} "
@@ -454,3 +456,8 @@ def _raise_for(answer: Resolve) -> None:
         raise InsufficientCapacity(answer.message)
     if answer.outcome == "window_closed":
         raise WindowClosed(answer.message, retry_after=answer.retry_after)
+
+
+def route_tables(policy: Policy) -> dict[str, Mapping[str, str]]:
+    """Each service's route table, built once per policy: every request looks one up."""
+    return {name: spec.route_table() for name, spec in policy.services.items()}

@@ -33,7 +33,7 @@ def test_the_client_reads_length_framed_and_chunked_answers() -> None:
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "service.demo_runtime", "--port", str(port)]
     argv += ["--model", "m", "--chunk-delay-ms", "20", "--chunks", "3"]
-    bodies = proxy.payloads("m")
+    bodies = proxy.payloads("m", "direct")
 
     async def both() -> tuple[list[float], list[float]]:
         target = Target(url, proxy.CHAT_PATH)
@@ -62,7 +62,7 @@ def test_bench_proxy_measures_every_side_mode_and_concurrency(
 ) -> None:
     out = tmp_path / "proxy.json"
     args = ["--concurrency", "1,2", "--rounds", "2", "--per-round", "5", "--warmup", "2"]
-    args += ["--sides", "direct,vramd,relay,router", "--json", str(out)]
+    args += ["--sides", "direct,vramd,relay,router,ollama", "--json", str(out)]
     args += ["--markdown", str(tmp_path / "proxy.md")]
     assert proxy.main(args) == 0
     report = json.loads(out.read_text())
@@ -71,7 +71,7 @@ def test_bench_proxy_measures_every_side_mode_and_concurrency(
         (mode, conc, side)
         for mode in ("chat", "ttfb", "stream")
         for conc in (1, 2)
-        for side in ("direct", "vramd", "relay", "router")
+        for side in ("direct", "vramd", "relay", "router", "ollama")
     }
     for row in report["rows"]:
         assert row["n"] == 10

@@ -447,3 +447,21 @@ def test_policy_can_enable_the_listener_for_a_fresh_daemon_only(tmp_path: Path) 
             stop_daemon(daemon)
     assert f"cannot listen for Ollama clients on 127.0.0.1:{port}" in daemon.output()
     assert "set server.ollama.port" in daemon.output()
+
+
+def test_a_route_map_applied_later_takes_effect_without_a_restart(tmp_path: Path) -> None:
+    spec = svc("chat", ["m"], residency="pinned")
+    with running_daemon(policy_yaml({"chat": spec}), tmp_path) as daemon:
+        daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
+        pid = daemon.service("chat")["pid"]
+        body = {"model": "m", "input": "x"}
+        assert daemon.post("/v1/embeddings", json=body).status_code == 400
+        routed = {**spec, "routes": {"/v1/embeddings": "/v1/embeddings"}}
+        applied = daemon.post(
+            "/api/policy",
+            content=policy_yaml({"chat": routed}),
+            headers={"content-type": "application/yaml"},
+        )
+        assert applied.status_code == 200, applied.text
+        assert daemon.post("/v1/embeddings", json=body).status_code == 200
+        assert daemon.service("chat")["pid"] == pid
