@@ -17,7 +17,7 @@ Values only: the policy loader and the proxy both use this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from service.domain import ServiceKind
@@ -67,6 +67,13 @@ ADAPTER_ROUTES: Mapping[str, Mapping[str, str]] = MappingProxyType(
     }
 )
 
+# Command-line flags that move a runtime's route: whisper-server --inference-path
+# /v1/audio/transcriptions answers where OpenAI's clients call (a common setup before
+# vramd had route maps), and the default must follow it.
+PATH_FLAGS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {"whisper.cpp": ("--inference-path", "/v1/audio/transcriptions")}
+)
+
 
 def client_route(path: str) -> str:
     """``path`` as the route it stands for (aliases resolved)."""
@@ -91,12 +98,39 @@ def check_route_map(routes: Mapping[str, str | None]) -> dict[str, str | None]:
     return checked
 
 
+def adapter_routes(adapter: str, command: Sequence[str]) -> dict[str, str]:
+    """Where the runtime ``adapter`` names answers routes at its own paths, as started by
+    ``command`` (a flag such as ``--inference-path`` moves one)."""
+    routes = dict(ADAPTER_ROUTES.get(adapter, {}))
+    if adapter in PATH_FLAGS:
+        flag, route = PATH_FLAGS[adapter]
+        path = flag_value(command, flag)
+        if path is not None and path.startswith("/"):
+            routes[route] = path
+    return routes
+
+
+def flag_value(command: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in an argv (``--flag VALUE`` or ``--flag=VALUE``; the last
+    one wins, as argument parsers do)."""
+    found = None
+    for i, arg in enumerate(command):
+        if arg == flag and i + 1 < len(command):
+            found = command[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1 :]
+    return found
+
+
 def route_table(
-    kind: ServiceKind, adapter: str, routes: Mapping[str, str | None]
+    kind: ServiceKind,
+    adapter: str,
+    routes: Mapping[str, str | None],
+    command: Sequence[str] = (),
 ) -> Mapping[str, str]:
     """Client route -> runtime path, for every route the service serves."""
     table = {route: route for route in ROUTES_BY_KIND[kind]}
-    for route, path in ADAPTER_ROUTES.get(adapter, {}).items():
+    for route, path in adapter_routes(adapter, command).items():
         if route in table:  # a default moves a route; it never adds one to the kind's
             table[route] = path
     for route, target in routes.items():

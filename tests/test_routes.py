@@ -47,6 +47,18 @@ def test_whisper_cpp_transcribes_at_inference_by_default() -> None:
     assert table["/v1/audio/speech"] == "/v1/audio/speech"
 
 
+def test_whisper_cpps_default_follows_its_inference_path_flag() -> None:
+    # whisper-server --inference-path /v1/audio/transcriptions answers at OpenAI's path.
+    for argv in (
+        ["whisper-server", "--inference-path", "/v1/audio/transcriptions"],
+        ["whisper-server", "--inference-path=/v1/audio/transcriptions"],
+    ):
+        table = route_table(ServiceKind.SPEECH, "whisper.cpp", {}, argv)
+        assert table["/v1/audio/transcriptions"] == "/v1/audio/transcriptions"
+    elsewhere = route_table(ServiceKind.SPEECH, "whisper.cpp", {}, ["whisper-server", "-m", "x"])
+    assert elsewhere["/v1/audio/transcriptions"] == "/inference"
+
+
 def test_an_adapter_default_never_adds_a_route_the_kind_does_not_serve() -> None:
     # TEI serving embeddings does not rerank just because TEI can.
     assert route_table(ServiceKind.EMBEDDING, "tei", {}) == {"/v1/embeddings": "/v1/embeddings"}

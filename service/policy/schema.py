@@ -197,7 +197,7 @@ class Service(_Strict):
 
     def route_table(self) -> Mapping[str, str]:
         """Every client route this service serves -> the path its runtime answers it at."""
-        return route_table(self.kind, self.adapter_name, self.routes)
+        return route_table(self.kind, self.adapter_name, self.routes, self.command)
 
     @property
     def expected_peak_floor(self) -> int:

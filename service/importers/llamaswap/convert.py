@@ -37,8 +37,7 @@ from service.importers.llamaswap.text import (
     with_port,
 )
 from service.policy import load_policy
-
-WHISPER_ROUTES = {"/v1/audio/transcriptions": "/inference"}
+from service.routes import adapter_routes
 
 _PROXY_RE = re.compile(
     r"^(?P<scheme>https?)://(?P<host>\[[^\]]*\]|[^:/]+)(?::(?P<port>[^/]+))?(?P<path>/.*)?$"
@@ -325,8 +324,10 @@ class _Converter:
         """whisper.cpp's server transcribes at ``/inference``, not at the OpenAI path."""
         if kind != "speech" or guess_name(argv) != "whisper.cpp":
             return
-        why = "whisper-server transcribes at /inference (llama-swap passes the path through)"
-        service.set("routes", dict(WHISPER_ROUTES), why)
+        routes = adapter_routes("whisper.cpp", argv)
+        path = routes["/v1/audio/transcriptions"]
+        why = f"whisper-server transcribes at {path} (llama-swap passes the path through)"
+        service.set("routes", routes, why)
 
     def _residency(
         self, model_id: str, raw: dict[str, Any], preload: set[str], service: ServiceOut
