@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.daemon import REPO_ROOT
 
 from service.importers import ImportFailed
@@ -528,3 +530,66 @@ def test_current_format_command_output_passes_vramd_check(tmp_path: Path) -> Non
     checked = vramd("check", str(policy_file))
     assert checked.returncode == 0, checked.stderr
     assert "valid policy, 2 services" in checked.stdout
+
+
+# --- any config: a policy or a clear refusal, never a crash ----------------------------
+
+_ANY = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 100)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_KEYS = st.sampled_from(
+    [
+        "routing",
+        "groups",
+        "matrix",
+        "unloadTimeout",
+        "capabilities",
+        "filters",
+        "ttl",
+        "aliases",
+        "macros",
+        "hooks",
+        "env",
+        "proxy",
+        "checkEndpoint",
+        "concurrencyLimit",
+        "useModelName",
+        "cmdStop",
+        "disabled",
+        "metadata",
+        "globalTTL",
+        "apiKeys",
+    ]
+)
+
+
+@st.composite
+def mutated_configs(draw: st.DrawFn) -> str:
+    """full.yaml with keys anywhere replaced by arbitrary values, or added."""
+    config = yaml.safe_load((FIXTURES / "full.yaml").read_text())
+    for _ in range(draw(st.integers(1, 4))):
+        target = config
+        if draw(st.booleans()) and isinstance(config.get("models"), dict) and config["models"]:
+            target = config["models"][draw(st.sampled_from(sorted(config["models"])))]
+        if isinstance(target, dict):
+            target[draw(_KEYS)] = draw(_ANY)
+    return yaml.safe_dump(config)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_configs())
+def test_any_config_converts_to_a_valid_policy_or_a_clear_refusal(text: str) -> None:
+    try:
+        output = convert(text, environ={})
+    except ImportFailed as exc:
+        assert "does not validate" not in str(exc), f"the importer wrote a bad policy: {exc}"
+        return
+    load_policy(output)
