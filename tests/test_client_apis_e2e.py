@@ -20,6 +20,8 @@ import httpx
 import ollama
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.daemon import Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
 
@@ -465,3 +467,35 @@ def test_a_route_map_applied_later_takes_effect_without_a_restart(tmp_path: Path
         assert applied.status_code == 200, applied.text
         assert daemon.post("/v1/embeddings", json=body).status_code == 200
         assert daemon.service("chat")["pid"] == pid
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 5) | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["role", "content", "num_ctx", "x", "type"]), inner)
+    ),
+    max_leaves=6,
+)
+_OLLAMA_FIELDS = st.sampled_from(
+    ["messages", "prompt", "input", "stream", "options", "format", "images", "tools",
+     "keep_alive", "think", "raw", "suffix", "system", "truncate"]
+)  # fmt: skip
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=st.sampled_from(["/api/chat", "/api/generate", "/api/embed", "/api/embeddings"]),
+    model=st.sampled_from(["m-chat", "m-both", "m-rerank", "nope", ""]) | st.integers(),
+    fields=st.dictionaries(_OLLAMA_FIELDS, _VALUES, max_size=4),
+)
+def test_bad_ollama_requests_get_ollamas_error_never_a_500(
+    daemon: Daemon, ollama_port: int, path: str, model: object, fields: dict[str, Any]
+) -> None:
+    body = {"model": model, "stream": False, **fields}
+    answer = httpx.post(
+        f"http://127.0.0.1:{ollama_port}{path}", json=body, headers=AUTH, timeout=30
+    )
+    assert answer.status_code < 500 or answer.status_code in (502, 503, 504), answer.text
+    if answer.status_code >= 400:
+        assert set(answer.json()) == {"error"}, answer.text
