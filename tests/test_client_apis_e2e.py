@@ -390,10 +390,18 @@ def test_ollama_options_that_would_reload_are_ignored_and_said_so(
         "options": {"num_ctx": 32768, "num_gpu": 99, "temperature": 0.1},
     }
     url = f"http://127.0.0.1:{ollama_port}/api/chat"
+    httpx.post(url, json={**body, "options": {}}, headers=AUTH, timeout=30)  # loaded
+    before = daemon.service("chat")
     answer = httpx.post(url, json=body, headers=AUTH, timeout=30)
     assert answer.status_code == 200
     assert answer.headers["x-vramd-ignored"] == "options.num_ctx, options.num_gpu"
     assert answer.json()["message"]["content"] == REPLY
+    after = daemon.service("chat")  # the same process: nothing was reloaded
+    assert (after["pid"], after["loads"], after["restarts"]) == (
+        before["pid"],
+        before["loads"],
+        before["restarts"],
+    )
 
 
 def test_ollama_model_management_is_refused_with_501(llama: ollama.Client) -> None:
