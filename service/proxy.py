@@ -1,10 +1,11 @@
 """Forwarding one leased request to one runtime, and relaying its answer to the client.
 
-The router (``service.api.openai``) reads and checks the client's request and names the
-service; ``ProxyResponse`` does the rest, as an ASGI response so that one object sees the
-whole exchange:
+A router (``service.api.openai`` for ``/v1``, ``upstream`` for runtime-native paths,
+``ollama`` for the Ollama listener) reads and checks the client's request and names the
+service and the runtime's path; ``ProxyResponse`` does the rest, as an ASGI response so
+that one object sees the whole exchange:
 
-    acquire a lease (queue, maybe a load)  ->  POST to lease.base_url + path
+    acquire a lease (queue, maybe a load)  ->  the request to lease.base_url + path
     ->  relay status, headers and body     ->  release the lease, exactly once
 
 Answers are relayed as they come. An SSE answer (``text/event-stream``) is passed on event
@@ -33,6 +34,10 @@ generator suspended, so a release in its ``finally`` would wait for the garbage 
 
 Per request this module does no JSON work at all; the router re-encodes a body only when
 ``Lease.upstream_model`` asks for a rewrite. Timeouts and header tables are built once.
+Two hooks serve other client APIs: the request's ``Dialect`` words vramd's own errors
+(Anthropic's shape on ``/v1/messages``, Ollama's on its listener), and an optional
+``Translator`` turns the runtime's answer into another API's (the Ollama listener's JSON
+and NDJSON); without one, the runtime's bytes are relayed as they came.
 
 One Linux-specific courtesy: runtimes that write headers and body (or event after event)
 in separate small sends without ``TCP_NODELAY`` (Python's ``http.server``, cpp-httplib by
