@@ -138,7 +138,6 @@ def build_orchestrator(
     waiters, tickets = Waiters(), Tickets()
     effects = KernelEffects(
         feed=pump.feed,
-        ledgers=scheduler,
         runtimes=runtimes,
         waiters=waiters,
         tickets=tickets,

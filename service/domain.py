@@ -7,6 +7,7 @@ which lifecycle moves are legal; ``check_transition`` is what every setter calls
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.errors import IllegalTransition
@@ -93,6 +94,9 @@ class InstanceMemory:
     device_bytes: int
     host_bytes: int
     pids: tuple[int, ...] = ()
+    # Device index -> bytes the instance holds there (``device_bytes`` is their sum). One
+    # entry for an instance on one device; one per device for a ``span: N`` instance.
+    per_device: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +121,19 @@ class DeviceReading:
 
 @dataclass(frozen=True, slots=True)
 class DeviceSnapshot(DeviceReading):
-    """A device reading as a probe took it, with the device's name for people."""
+    """A device reading as a probe took it, with the device's name for people.
+
+    ``visible_total`` is the total a runtime on the device sees (CUDA's
+    ``cudaMemGetInfo``, which vLLM multiplies ``--gpu-memory-utilization`` by): on NVML it
+    includes the driver's reserve that ``total`` leaves out. None: the same as ``total``.
+    """
 
     name: str = ""
+    visible_total: int | None = None
+
+    @property
+    def runtime_total(self) -> int:
+        return self.total if self.visible_total is None else self.visible_total
 
 
 @dataclass(frozen=True, slots=True)

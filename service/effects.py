@@ -35,7 +35,6 @@ from service.scheduler import (
     InstanceFailed,
     InstanceReady,
     InstanceStopped,
-    LedgerView,
     Note,
     Reject,
     RequestFinished,
@@ -66,18 +65,11 @@ class Counters(Protocol):
     def load_done(self, service: str, seconds: float) -> None: ...
 
 
-class Ledgers(Protocol):
-    """The one thing effects read from the scheduler: a device's total, for placeholders."""
-
-    def ledger_view(self, device: int) -> LedgerView | None: ...
-
-
 class KernelEffects:
     def __init__(
         self,
         *,
         feed: Feed,
-        ledgers: Ledgers,
         runtimes: RuntimeTable,
         waiters: Waiters,
         tickets: Tickets,
@@ -92,7 +84,6 @@ class KernelEffects:
         settle_timeout_s: float,
     ) -> None:
         self._feed = feed
-        self._ledgers = ledgers
         self._runtimes = runtimes
         self._waiters = waiters
         self._tickets = tickets
@@ -184,14 +175,14 @@ class KernelEffects:
                 return  # on_state has told the scheduler it is ready
             reason = "could not be woken" if action.wake else "admitted on another device"
             await self._sleep.stop_sleeper(rt, reason)
-        ledger = self._ledgers.ledger_view(action.device)
+        devices = action.devices
         args = launch_args(
             rt.name,
             rt.spec,
             port=free_loopback_port(),
-            device=action.device,
-            device_total=ledger.total if ledger else None,
-            set_cuda_device=self._probe.backend == "nvml",
+            devices=devices,
+            runtime_totals=self._runtime_totals(devices),
+            placement=self._probe.placement_env(devices),
         )
         rt.device = action.device
         if not action.retry:
@@ -234,6 +225,13 @@ class KernelEffects:
                 startup_timeout_s=rt.spec.startup_timeout,
                 on_spawned=spawned,
             )
+
+    def _runtime_totals(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """The total a runtime sees on each device (empty when one is not sampled yet)."""
+        reading = self._sampler.last_reading
+        seen = {d.index: d.runtime_total for d in reading.devices} if reading else {}
+        totals = tuple(seen.get(device, 0) for device in devices)
+        return totals if all(totals) else ()
 
     async def _stop(self, rt: ServiceRuntime, action: Stop) -> None:
         if action.sleepable and rt.spec.sleep and await self._sleep.try_sleep(rt, action.reason):

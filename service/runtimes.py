@@ -12,12 +12,11 @@ every instance transition goes to the one observer the kernel registers.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,30 +79,33 @@ def launch_args(
     service: Service,
     *,
     port: int,
-    device: int,
-    device_total: int | None,
-    set_cuda_device: bool,
+    devices: Sequence[int],
+    runtime_totals: Sequence[int] = (),
+    placement: Mapping[str, str] | None = None,
 ) -> LaunchArgs:
-    """Fill in the placeholders of DESIGN section 3 for one start of ``service``."""
+    """Fill in the placeholders of DESIGN section 3 for one start of ``service``.
+
+    ``devices`` are the ones admission chose (one, or ``span`` of them, lowest first),
+    ``runtime_totals`` the total a runtime sees on each (for ``${CAP_FRACTION}``), and
+    ``placement`` the probe's environment that shows the runtime exactly those devices;
+    each of its variables is set unless the service's ``env`` sets it.
+    """
     cap = service.memory.cap
     values = {
         "PORT": str(port),
         "SERVICE": name,
         "MODEL": service.models[0],
-        "GPU": str(device),
+        "GPU": ",".join(str(device) for device in devices),
         "PYTHON": sys.executable,
     }
     if cap is not None:
         values["CAP_BYTES"] = str(cap)
         values["CAP_MIB"] = str(cap // (1024 * 1024))
-        if device_total:
-            # Rounded down, never up: a fraction above cap / total would let the runtime's
-            # own allocator plan past the cap (DESIGN section 4).
-            fraction = math.floor(min(1.0, cap / device_total) * 1000) / 1000
-            values["CAP_FRACTION"] = f"{fraction:.3f}"
+        if runtime_totals and all(runtime_totals):
+            values["CAP_FRACTION"] = cap_fraction(cap, service.shares, runtime_totals)
     extra = {key: expand_placeholders(value, values) for key, value in service.env.items()}
-    if set_cuda_device:
-        extra.setdefault("CUDA_VISIBLE_DEVICES", str(device))
+    for key, value in (placement or {}).items():
+        extra.setdefault(key, value)
     health = expand_placeholders(health_path(service), values)
     return LaunchArgs(
         argv=[expand_placeholders(arg, values) for arg in service.command],
@@ -112,6 +114,26 @@ def launch_args(
         port=port,
         health_url=f"http://127.0.0.1:{port}{health}",
     )
+
+
+def cap_fraction(cap: int, shares: Sequence[float], totals: Sequence[int]) -> str:
+    """``${CAP_FRACTION}``: the cap's share of each device's total, the smallest of them.
+
+    A runtime that sizes itself by a fraction (vLLM's ``--gpu-memory-utilization``) takes
+    that fraction of every device it runs on, of the total *it* sees (the driver's
+    reserve included). Truncated in integers to four decimals, never rounded up: a float
+    floor can land one step above the exact quotient, and a fraction above the cap would
+    let the runtime's own allocator plan past it (DESIGN section 4).
+    """
+    steps = min(
+        int(cap * share) * FRACTION_STEPS // total
+        for share, total in zip(shares, totals, strict=True)
+    )
+    steps = min(steps, FRACTION_STEPS)
+    return f"{steps // FRACTION_STEPS}.{steps % FRACTION_STEPS:04d}"
+
+
+FRACTION_STEPS = 10_000
 
 
 @dataclass

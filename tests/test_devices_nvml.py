@@ -51,9 +51,31 @@ def test_reports_every_gpu_with_the_driver_reserve_kept_out_of_total() -> None:
     assert reading.backend == "nvml"
     assert reading.degraded is None
     assert reading.devices == (
-        DeviceSnapshot(0, 79 * GiB, 10 * GiB, 69 * GiB, 0, name="NVIDIA H100"),
-        DeviceSnapshot(1, 24 * GiB, 0, 24 * GiB, 0, name="NVIDIA RTX 4090"),
+        DeviceSnapshot(
+            0, 79 * GiB, 10 * GiB, 69 * GiB, 0, name="NVIDIA H100", visible_total=80 * GiB
+        ),
+        DeviceSnapshot(1, 24 * GiB, 0, 24 * GiB, 0, name="NVIDIA RTX 4090", visible_total=24 * GiB),
     )
+    # A runtime sizing itself by a fraction (vLLM) multiplies the total it sees, reserve in.
+    assert reading.devices[0].runtime_total == 80 * GiB
+
+
+def test_placement_env_names_devices_in_nvml_numbering() -> None:
+    with closing(NvmlProbe(two_gpus())) as probe:
+        assert probe.placement_env([0, 1]) == {
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
+
+
+def test_instance_on_two_gpus_is_measured_per_device(child: int) -> None:
+    fake = two_gpus()
+    fake.gpus[0].compute = [FakeProcess(os.getpid(), 3 * GiB)]
+    fake.gpus[1].compute = [FakeProcess(child, 2 * GiB)]
+    with closing(NvmlProbe(fake)) as probe:
+        memory = probe.read(ME).instances["me"]
+    assert memory.per_device == {0: 3 * GiB, 1: 2 * GiB}
+    assert memory.device_bytes == 5 * GiB
 
 
 def test_foreign_process_counts_as_foreign() -> None:

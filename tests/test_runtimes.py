@@ -25,7 +25,7 @@ def service_with_cap(cap: str) -> Service:
 )
 def test_cap_fraction_is_never_rounded_above_the_cap(cap: str, total: int) -> None:
     service = service_with_cap(cap)
-    args = launch_args("v", service, port=1, device=0, device_total=total, set_cuda_device=False)
+    args = launch_args("v", service, port=1, devices=(0,), runtime_totals=(total,))
     fraction = float(args.argv[2])
     assert service.memory.cap is not None
     assert fraction * total <= service.memory.cap

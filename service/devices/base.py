@@ -53,6 +53,14 @@ class DeviceProbe(Protocol):
         """
         ...
 
+    def placement_env(self, devices: Sequence[int]) -> dict[str, str]:
+        """The environment that shows a runtime exactly ``devices``, in that order.
+
+        NVML: ``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so CUDA's
+        numbering is NVML's); the host backend: nothing. A service's own ``env`` wins.
+        """
+        ...
+
     def close(self) -> None: ...
 
 

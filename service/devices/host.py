@@ -11,7 +11,7 @@ every long-running machine look full. ``used = total - available`` follows from 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import psutil
 
@@ -32,7 +32,10 @@ class HostProbe:
         memory = psutil.virtual_memory()
         measured = {
             key: InstanceMemory(
-                device_bytes=tree.host_bytes, host_bytes=tree.host_bytes, pids=tree.pids
+                device_bytes=tree.host_bytes,
+                host_bytes=tree.host_bytes,
+                pids=tree.pids,
+                per_device={0: tree.host_bytes},
             )
             for key, tree in trees.items()
         }
@@ -56,6 +59,10 @@ class HostProbe:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return alive
+
+    def placement_env(self, devices: Sequence[int]) -> dict[str, str]:
+        """Host memory has no device to choose: nothing to set."""
+        return {}
 
     def close(self) -> None:
         """Nothing to release; here so every probe can be closed the same way."""

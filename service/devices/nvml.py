@@ -90,7 +90,7 @@ class NvmlProbe:
         )
         self._list_functions = {name: getattr(nvml, name) for name in _PROCESS_LISTS}
         self._last_devices: dict[int, DeviceSnapshot] = {}
-        self._last_device_bytes: dict[str, int] = {}
+        self._last_device_bytes: dict[str, dict[int, int]] = {}
         self._failing = False
 
     @property
@@ -139,11 +139,11 @@ class NvmlProbe:
         for key, tree in trees.items():
             for pid in tree.pids:
                 owner.setdefault(pid, key)
-        device_bytes: defaultdict[str, int] = defaultdict(int)
+        device_bytes: defaultdict[str, dict[int, int]] = defaultdict(dict)
         gaps: list[str] = []
         snapshots = []
         for gpu in self._gpus:
-            total, used, free = self._memory(gpu.handle)
+            visible, total, used, free = self._memory(gpu.handle)
             managed = 0
             for pid, usage in self._processes(gpu, gaps).items():
                 instance = owner.get(pid)
@@ -153,8 +153,13 @@ class NvmlProbe:
                     gaps.append(f"GPU {gpu.index} does not report memory of pid {pid} ({instance})")
                     continue
                 managed += usage
-                device_bytes[instance] += usage
-            snapshots.append(DeviceSnapshot(gpu.index, total, used, free, managed, name=gpu.name))
+                on = device_bytes[instance]
+                on[gpu.index] = on.get(gpu.index, 0) + usage
+            snapshots.append(
+                DeviceSnapshot(
+                    gpu.index, total, used, free, managed, name=gpu.name, visible_total=visible
+                )
+            )
         if self._failing:
             log.info("NVML reads recovered")
             self._failing = False
@@ -188,7 +193,20 @@ class NvmlProbe:
                 return wanted
         return wanted & listed
 
-    def _memory(self, handle: Any) -> tuple[int, int, int]:
+    def placement_env(self, devices: Sequence[int]) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` in NVML's numbering, which is PCI bus order.
+
+        CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on a
+        box whose cards differ, index 0 would then be another GPU than NVML's 0, and the
+        runtime would allocate on a device vramd did not admit it to.
+        """
+        return {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in devices),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
+
+    def _memory(self, handle: Any) -> tuple[int, int, int, int]:
+        """(total a runtime sees, usable total, used, free) of one GPU."""
         nvml = self._nvml
         if self._use_v2:
             try:
@@ -197,9 +215,10 @@ class NvmlProbe:
                 log.info("NVML memory info v2 unavailable (%s); using v1", _describe(exc))
                 self._use_v2 = False
             else:
-                return int(info.total) - int(info.reserved), int(info.used), int(info.free)
+                total = int(info.total)
+                return total, total - int(info.reserved), int(info.used), int(info.free)
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(info.total), int(info.used), int(info.free)
+        return int(info.total), int(info.total), int(info.used), int(info.free)
 
     def _processes(self, gpu: _Gpu, gaps: list[str]) -> dict[int, int | None]:
         """pid -> bytes on this GPU (None: unknown), merged over the compute and graphics lists.
@@ -261,17 +280,19 @@ class NvmlProbe:
 
 
 def _instances(
-    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, int]
+    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, Mapping[int, int]]
 ) -> dict[str, InstanceMemory]:
     # An instance with no process left holds nothing, even when the figure is a stale one.
-    return {
-        key: InstanceMemory(
-            device_bytes=device_bytes.get(key, 0) if tree.pids else 0,
+    out = {}
+    for key, tree in trees.items():
+        per_device = dict(device_bytes.get(key, {})) if tree.pids else {}
+        out[key] = InstanceMemory(
+            device_bytes=sum(per_device.values()),
             host_bytes=tree.host_bytes,
             pids=tree.pids,
+            per_device=per_device,
         )
-        for key, tree in trees.items()
-    }
+    return out
 
 
 def _error_classes(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:

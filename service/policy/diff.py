@@ -16,7 +16,7 @@ from service.policy.schema import Policy
 
 # Fields whose change alters the process a service runs: applying such a change restarts
 # the service at once, drained (DESIGN section 4). Everything else takes effect in place.
-RESTART_FIELDS = frozenset({"kind", "command", "env", "cwd", "health", "gpus"})
+RESTART_FIELDS = frozenset({"kind", "command", "env", "cwd", "health", "gpus", "span"})
 
 
 class ServiceChange(BaseModel):
@@ -82,7 +82,13 @@ def diff_policies(old: Policy | None, new: Policy) -> PolicyDiff:
                 for text in [*new.services[name].command, *new.services[name].env.values()]
                 for p in placeholders_in(text)
             )
-            restart = bool(top & RESTART_FIELDS) or ("memory.cap" in fields and cap_in_args)
+            restart = (
+                bool(top & RESTART_FIELDS)
+                or ("memory.cap" in fields and cap_in_args)
+                # A span instance's devices are charged by its split: a new split is a
+                # new placement.
+                or any(key.startswith("memory.split") for key in fields)
+            )
             diff.changed.append(ServiceChange(name=name, fields=fields, restart=restart))
     old_windows = {w.name: w for w in old.maintenance.windows} if old else {}
     new_windows = {w.name: w for w in new.maintenance.windows}

@@ -272,6 +272,22 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                 "a pinned service is never evicted, so protect does not apply; remove it",
                 key=True,
             )
+        split = service.memory.split
+        if split is not None and len(split) != service.span:
+            add(
+                (*base, "memory", "split"),
+                f"has {len(split)} shares but span is {service.span}: one share per device",
+            )
+        allowed = service.gpus or (
+            policy.device.gpus if isinstance(policy.device.gpus, list) else None
+        )
+        if allowed is not None and service.span > len(set(allowed)):
+            where = "gpus" if service.gpus else "device.gpus"
+            add(
+                (*base, "span"),
+                f"span {service.span} needs {service.span} devices, but {where} allows "
+                f"{len(set(allowed))}: {sorted(set(allowed))}",
+            )
         if isinstance(policy.device.gpus, list) and service.gpus:
             for i, gpu in enumerate(service.gpus):
                 if gpu not in policy.device.gpus:

@@ -112,6 +112,16 @@ class MemoryConfig(_Strict):
     estimate: Size
     cap: Size | None = None
     on_cap: OnCap = OnCap.RESTART
+    # A span: N instance's share of its need and cap per device, in the order of the
+    # devices chosen (lowest index first); None: even. Checked against span in load.py.
+    split: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=2)] | None = None
+
+    @field_validator("split")
+    @classmethod
+    def _sums_to_one(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and abs(sum(value) - 1.0) > 1e-6:
+            raise ValueError(f"shares must add up to 1 (these add up to {sum(value):g})")
+        return value
 
 
 class Defaults(_Strict):
@@ -169,6 +179,8 @@ class Service(_Strict):
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     gpus: list[GpuIndex] | None = None
+    # One instance on this many devices at once (tensor or layer split), DESIGN section 3.
+    span: Annotated[StrictInt, Field(ge=1, le=64)] = 1
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0
     restart: RestartConfig = RestartConfig()
@@ -194,6 +206,12 @@ class Service(_Strict):
     def adapter_name(self) -> str:
         """The runtime's adapter name: the policy's ``adapter``, else guessed from argv."""
         return canonical_name(self.adapter) if self.adapter else guess_name(self.command)
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """Each device's share of the instance's need and cap, in device order."""
+        split = self.memory.split
+        return tuple(split) if split is not None else (1.0 / self.span,) * self.span
 
     def route_table(self) -> Mapping[str, str]:
         """Every client route this service serves -> the path its runtime answers it at."""

@@ -40,6 +40,12 @@ class Start:
     reason: str
     wake: bool = False
     retry: bool = False
+    # Every device of the instance, lowest first: ``(device,)`` unless it spans several.
+    spans: tuple[int, ...] = ()
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.spans or (self.device,)
 
 
 @dataclass(frozen=True, slots=True)
