@@ -7,7 +7,7 @@ processes, no sleeps.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +95,9 @@ class FakeProbe:
 
     def holding(self, pids: Collection[int]) -> set[int]:
         return self.held & set(pids)
+
+    def placement_env(self, devices: Sequence[int]) -> dict[str, str]:
+        return {}
 
     def close(self) -> None:
         pass

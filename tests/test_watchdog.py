@@ -120,6 +120,9 @@ class HangingProbe:
     def holding(self, pids: Collection[int]) -> set[int]:
         return self.real.holding(pids)
 
+    def placement_env(self, devices: Sequence[int]) -> dict[str, str]:
+        return self.real.placement_env(devices)
+
     def close(self) -> None:
         self.release.set()
         self.real.close()
