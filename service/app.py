@@ -105,7 +105,7 @@ def build_orchestrator(
         last=last,
         runtimes=runtimes,
         feed=pump.feed,
-        nvml=probe.backend == "nvml",
+        gpu=probe.backend != "host",
     )
     sampler = Sampler(
         feed=pump.feed,

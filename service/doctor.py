@@ -43,7 +43,7 @@ class Doctor:
         last: LastReading,
         runtimes: RuntimeTable,
         feed: Callable[[Event], None],
-        nvml: bool,
+        gpu: bool,
     ) -> None:
         self._store = store
         self._events = events
@@ -52,7 +52,8 @@ class Doctor:
         self._last = last
         self._runtimes = runtimes
         self._feed = feed
-        self._nvml = nvml
+        # A GPU backend: host memory is its own series beside the device's.
+        self._gpu = gpu
 
     def new_watch(self, rt: ServiceRuntime) -> InstanceWatch:
         creep = CreepConfig(
@@ -66,7 +67,7 @@ class Doctor:
             cap=CapWatch(rt.spec.memory.cap),
             adapter=rt.adapter,
             creep=creep,
-            host_series_too=self._nvml,
+            host_series_too=self._gpu,
             log_mark=rt.log.mark(),
         )
 
