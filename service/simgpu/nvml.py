@@ -87,7 +87,7 @@ class PciInfo:
 
 def error(name: str) -> pynvml.NVMLError:
     """The pynvml exception for an NVML error name, in any of the ways it is written:
-    ``GPU_IS_LOST``, ``NVML_ERROR_GPU_IS_LOST`` or ``NVMLError_GPUIsLost``."""
+    ``GPU_IS_LOST``, ``NVML_ERROR_GPU_IS_LOST`` or ``NVMLError_GpuIsLost``."""
     if name.startswith("NVMLError_") and hasattr(pynvml, name):
         exc: pynvml.NVMLError = getattr(pynvml, name)()
         return exc

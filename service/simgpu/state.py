@@ -82,7 +82,7 @@ class Allocation:
 
 @dataclass
 class ScriptedError:
-    error: str  # an NVML error name: GPU_IS_LOST, NVML_ERROR_GPU_IS_LOST, NVMLError_GPUIsLost
+    error: str  # an NVML error name: GPU_IS_LOST, NVML_ERROR_GPU_IS_LOST, NVMLError_GpuIsLost
     calls: int
 
 

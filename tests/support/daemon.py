@@ -33,8 +33,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VRAMD = [sys.executable, "-m", "service.cli"]
 
 
-def demo_command(memory: str = "40MiB", *extra: str, load_seconds: float = 0.1) -> list[str]:
-    """A policy ``command`` running the demo runtime with ``memory`` held."""
+def demo_command(
+    memory: str = "40MiB",
+    *extra: str,
+    load_seconds: float = 0.1,
+    gpu_memory: str | None = None,
+) -> list[str]:
+    """A policy ``command`` running the demo runtime with ``memory`` held.
+
+    ``gpu_memory``: device memory it holds on simulated GPUs (``tests/support/simgpu.py``).
+    """
+    gpu = ["--gpu-memory", gpu_memory] if gpu_memory is not None else []
     return [
         "${PYTHON}",
         "-m",
@@ -47,6 +56,7 @@ def demo_command(memory: str = "40MiB", *extra: str, load_seconds: float = 0.1) 
         memory,
         "--load-seconds",
         str(load_seconds),
+        *gpu,
         *extra,
     ]
 
@@ -54,19 +64,21 @@ def demo_command(memory: str = "40MiB", *extra: str, load_seconds: float = 0.1) 
 def policy_yaml(
     services: dict[str, dict[str, Any]],
     *,
-    budget: str = "600MiB",
+    budget: str | None = "600MiB",
     headroom: str = "16MiB",
     sample_interval: str = "0.2s",
     extra: str = "",
+    backend: str = "host",
 ) -> str:
-    """A host-backend policy around ``services`` (a mapping of name to service keys)."""
+    """A policy around ``services`` (a mapping of name to service keys), on the host
+    backend unless ``backend`` says otherwise; ``budget=None`` leaves the device's total."""
     import json
 
     lines = [
         "version: 1",
         "device:",
-        "  backend: host",
-        f"  budget: {budget}",
+        f"  backend: {backend}",
+        *([f"  budget: {budget}"] if budget is not None else []),
         f"  headroom: {headroom}",
         f"  sample_interval: {sample_interval}",
         "services:",

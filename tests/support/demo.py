@@ -82,10 +82,13 @@ class DemoProcess:
 
 
 @contextmanager
-def running_demo(*args: str, ready: bool = True, timeout: float = 10) -> Iterator[DemoProcess]:
+def running_demo(
+    *args: str, ready: bool = True, timeout: float = 10, env: dict[str, str] | None = None
+) -> Iterator[DemoProcess]:
     """Run ``python -m service.demo_runtime --port <free> *args`` for the with-block.
 
-    With ``ready`` it waits (up to ``timeout`` seconds) for /health to answer 200.
+    With ``ready`` it waits (up to ``timeout`` seconds) for /health to answer 200. ``env``
+    is added to this process's environment (e.g. ``CUDA_VISIBLE_DEVICES``).
     """
     with tempfile.TemporaryDirectory(prefix="demo-runtime-") as tmp:
         log_dir = Path(tmp)
@@ -98,6 +101,7 @@ def running_demo(*args: str, ready: bool = True, timeout: float = 10) -> Iterato
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
+                env=None if env is None else os.environ | env,
             )
         demo = DemoProcess(port=port, proc=proc, log_dir=log_dir)
         try:
