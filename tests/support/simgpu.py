@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,23 +54,12 @@ class SimulatedGpus:
         with self.file.update() as state:
             state.errors[function] = ScriptedError(error, calls)
 
-    def policy(
-        self,
-        services: dict[str, dict[str, Any]],
-        *,
-        headroom: str = "256MiB",
-        sample_interval: str = "0.2s",
-        extra: str = "",
-    ) -> str:
-        """An ``nvml`` policy over the simulated GPUs (budget: each GPU's total)."""
+    def policy(self, services: dict[str, dict[str, Any]], *, extra: str = "", **keys: Any) -> str:
+        """An ``nvml`` policy over the simulated GPUs; ``keys`` go to ``policy_yaml``
+        (``budget`` defaults to none: each GPU's total)."""
         defaults = f"defaults:\n  env: {json.dumps(self.env)}\n"
         return policy_yaml(
-            services,
-            backend="nvml",
-            budget=None,
-            headroom=headroom,
-            sample_interval=sample_interval,
-            extra=defaults + textwrap.dedent(extra),
+            services, **{"budget": None, **keys, "backend": "nvml"}, extra=defaults + extra
         )
 
     @contextmanager
