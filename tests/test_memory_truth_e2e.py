@@ -3,11 +3,16 @@
 Demo runtimes are scripted to leak, plateau, answer out-of-memory and outgrow their cap;
 every verdict must be right, and a plateau must never be flagged. Creep's warm-up is
 shortened through the daemon's settings (the contract's 60 s would make slow tests).
+Creep, the cap and an out-of-memory load run on both backends (``backend``): the host's
+memory, and simulated GPUs (``service.simgpu``) where the runtime holds and leaks device
+memory instead. The multi-GPU scenarios are in ``test_gpu_e2e``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +24,7 @@ from support.daemon import (
     start_daemon,
     stop_daemon,
 )
+from support.simgpu import SimulatedGpus, simulated_gpus
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +50,37 @@ def chat(held: str, *extra: str, **keys: object) -> dict[str, object]:
     return spec
 
 
+@dataclass
+class Backend:
+    """Where a scenario's runtime holds and leaks its memory: the host, or a simulated GPU."""
+
+    name: str
+    gpus: SimulatedGpus | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def chat(
+        self, held: str, *extra: str, leak: str | None = None, **keys: object
+    ) -> dict[str, object]:
+        """``chat(held, ...)`` holding (and leaking ``leak`` per request) host or device memory."""
+        if self.gpus is None:
+            return chat(held, *extra, *(["--leak-per-request", leak] if leak else []), **keys)
+        leaks = ["--gpu-leak-per-request", leak] if leak else []
+        return chat("10MiB", *extra, "--gpu-memory", held, *leaks, **keys)
+
+    def policy(self, services: dict[str, dict[str, Any]], **keys: Any) -> str:
+        if self.gpus is None:
+            return policy_yaml(services, **keys)
+        return self.gpus.policy(services, **keys)
+
+
+@pytest.fixture(params=["host", "nvml"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "host":
+        return Backend("host")
+    gpus = simulated_gpus(tmp_path, "4GiB", release_lag=0.2)
+    return Backend("nvml", gpus, gpus.env)
+
+
 def ask(daemon: Daemon, model: str = "m") -> httpx.Response:
     return httpx.post(
         f"{daemon.url}/v1/chat/completions",
@@ -57,9 +94,9 @@ def serve(daemon: Daemon, count: int, model: str = "m") -> None:
         assert ask(daemon, model).status_code == 200
 
 
-def test_leak_is_flagged_and_a_flagged_window_restarts_it(tmp_path: Path) -> None:
-    policy = policy_yaml(
-        {"chat": chat("30MiB", "--leak-per-request", "4MiB")},
+def test_leak_is_flagged_and_a_flagged_window_restarts_it(tmp_path: Path, backend: Backend) -> None:
+    policy = backend.policy(
+        {"chat": backend.chat("30MiB", leak="4MiB")},
         budget="900MiB",
         sample_interval="0.1s",
         extra="""\
@@ -69,7 +106,7 @@ maintenance:
 """,
     )
     (tmp_path / "policy.yaml").write_text(policy)
-    daemon = start_daemon(tmp_path, env=FAST_CREEP)
+    daemon = start_daemon(tmp_path, env=FAST_CREEP | backend.env)
     try:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         daemon.wait_for(lambda: daemon.service("chat")["footprint_bytes"] > 0)
@@ -140,11 +177,13 @@ def test_oom_with_free_memory_is_fragmentation_and_leaves_an_incident(tmp_path: 
         assert daemon.get("/api/incidents/999").status_code == 404
 
 
-def test_over_cap_runtime_is_restarted(tmp_path: Path) -> None:
-    spec = chat("30MiB", "--leak-per-request", "25MiB")
+def test_over_cap_runtime_is_restarted(tmp_path: Path, backend: Backend) -> None:
+    spec = backend.chat("30MiB", leak="25MiB")
     spec["memory"] = {"estimate": "60MiB", "cap": "100MiB", "on_cap": "restart"}
     with running_daemon(
-        policy_yaml({"chat": spec}, budget="900MiB", sample_interval="0.1s"), tmp_path
+        backend.policy({"chat": spec}, budget="900MiB", sample_interval="0.1s"),
+        tmp_path,
+        env=backend.env,
     ) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         pid = daemon.service("chat")["pid"]
@@ -203,14 +242,18 @@ def test_learned_peak_survives_restart_and_changes_admission(tmp_path: Path) -> 
         assert evictions and evictions[-1]["data"]["victims"] == ["other"]
 
 
-def test_out_of_memory_load_is_retried_then_called_capacity(tmp_path: Path) -> None:
-    spec = chat(
-        "20MiB",
-        "--fail-start",
-        residency="on-demand",
-        restart={"max_retries": 1, "backoff": "0.2s"},
-    )
-    with running_daemon(policy_yaml({"chat": spec}), tmp_path) as daemon:
+def test_out_of_memory_load_is_retried_then_called_capacity(
+    tmp_path: Path, backend: Backend
+) -> None:
+    keys: dict[str, object] = {
+        "residency": "on-demand",
+        "restart": {"max_retries": 1, "backoff": "0.2s"},
+    }
+    if backend.gpus is None:
+        spec = backend.chat("20MiB", "--fail-start", **keys)
+    else:
+        spec = backend.chat("8GiB", **keys)  # twice the GPU, estimated at 100MiB
+    with running_daemon(backend.policy({"chat": spec}), tmp_path, env=backend.env) as daemon:
         response = ask(daemon)
         assert response.status_code == 502
         daemon.wait_for(lambda: bool(daemon.events(kind="verdict")))
