@@ -34,6 +34,8 @@ from service.errors import ProbeError
 from service.simgpu import StateFile, new_state, visible_devices
 from service.simgpu.state import ENV, Allocation
 
+pytestmark = pytest.mark.slow
+
 MiB, GiB = 2**20, 2**30
 CONTEXT = 16 * MiB
 DEMO = [sys.executable, "-m", "service.demo_runtime"]
