@@ -184,15 +184,20 @@ class KernelEffects:
             runtime_totals=self._runtime_totals(devices),
             placement=self._probe.placement_env(devices),
         )
-        rt.device = action.device
+        rt.device, rt.devices = action.device, devices
         if not action.retry:
             rt.peak = 0
             rt.counters["loads"] += 1
             self._events.record(
                 "load",
-                f"starting {rt.name} on device {action.device} ({action.reason})",
+                f"starting {rt.name} on {_where(devices)} ({action.reason})",
                 service=rt.name,
-                data={"device": action.device, "argv": args.argv, "port": args.port},
+                data={
+                    "device": action.device,
+                    "devices": list(devices),
+                    "argv": args.argv,
+                    "port": args.port,
+                },
             )
 
         async def spawned(proc: Any) -> None:
@@ -263,6 +268,7 @@ class KernelEffects:
                 service=rt.name,
             )
         rt.footprint = rt.host_bytes = 0
+        rt.device_bytes = {}
         self._feed(InstanceStopped(rt.name))
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone
@@ -327,3 +333,9 @@ class KernelEffects:
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
+
+
+def _where(devices: tuple[int, ...]) -> str:
+    if len(devices) == 1:
+        return f"device {devices[0]}"
+    return "devices " + ", ".join(map(str, devices))

@@ -147,6 +147,9 @@ class ServiceRuntime:
     client: httpx.AsyncClient | None = None
     base_url: str | None = None
     device: int | None = None
+    # Every device of the instance (``device`` is the first) and what it holds on each.
+    devices: tuple[int, ...] = ()
+    device_bytes: dict[int, int] = field(default_factory=dict)
     instance_id: int | None = None
     last_pids: tuple[int, ...] = ()
     footprint: int = 0

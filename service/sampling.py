@@ -131,19 +131,23 @@ class Sampler:
         self._last.reading = reading
         self._last.at = self._clock.monotonic()
         footprints: dict[str, int] = {}
+        per_device: dict[str, dict[int, int]] = {}
         for name, memory in reading.instances.items():
             rt = runtimes.get(name)
             if rt is None or name not in roots:
                 continue
             rt.footprint = memory.device_bytes
             rt.host_bytes = memory.host_bytes
+            rt.device_bytes = dict(memory.per_device)
+            if len(rt.devices) > 1:
+                per_device[name] = rt.device_bytes
             if memory.pids:
                 rt.last_pids = memory.pids
             rt.peak = max(rt.peak, memory.device_bytes)
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
             self._watch(rt, memory.device_bytes, memory.host_bytes)
-        self._feed(MemorySampled(reading.devices, footprints))
+        self._feed(MemorySampled(reading.devices, footprints, per_device))
         self._store_samples(reading, footprints)
         if self._clock.monotonic() - self._last_downsample >= DOWNSAMPLE_EVERY_S:
             self._last_downsample = self._clock.monotonic()
