@@ -116,15 +116,19 @@ class Sampler:
             except StoreError as exc:
                 log.error("samples not stored: %s", exc)
 
-    async def sample_once(self) -> None:
-        runtimes = self._runtimes
-        roots = {
+    def roots(self) -> dict[str, int]:
+        """Every live instance's root pid by service: what a reading measures."""
+        return {
             name: rt.instance.pid
-            for name, rt in runtimes.items()
+            for name, rt in self._runtimes.items()
             # Sleepers too: what they keep on the device is ours, not foreign.
             if rt.instance.pid is not None
             and (rt.instance.state in RESIDENT_STATES or rt.instance.state is SLEEPING)
         }
+
+    async def sample_once(self) -> None:
+        runtimes = self._runtimes
+        roots = self.roots()
         reading, _ = await asyncio.gather(
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
