@@ -75,8 +75,8 @@ from typing import Any, Literal
 
 import psutil
 
-from service.devices.tree import Footprints, TreeSample, sample_trees
-from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
+from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
+from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
 
 log = logging.getLogger("vramd.devices")
@@ -286,7 +286,7 @@ class AmdsmiProbe:
         return ProbeReading(
             backend=self.backend,
             devices=tuple(snapshots),
-            instances=_instances(trees, device_bytes),
+            instances=instance_memory(trees, device_bytes),
             degraded=degraded,
         )
 
@@ -373,7 +373,7 @@ class AmdsmiProbe:
         return ProbeReading(
             backend=self.backend,
             devices=devices,
-            instances=_instances(trees, self._last_device_bytes),
+            instances=instance_memory(trees, self._last_device_bytes),
             degraded=f"amdsmi read failed ({_describe(exc)}); showing {what}",
         )
 
@@ -411,22 +411,6 @@ def _footprint(memory: Any, unified: bool) -> int | None:
             return None  # missing, "N/A", or the not-available sentinel
         total += value
     return total
-
-
-def _instances(
-    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, Mapping[int, int]]
-) -> dict[str, InstanceMemory]:
-    # An instance with no process left holds nothing, even when the figure is a stale one.
-    out = {}
-    for key, tree in trees.items():
-        per_device = dict(device_bytes.get(key, {})) if tree.pids else {}
-        out[key] = InstanceMemory(
-            device_bytes=sum(per_device.values()),
-            host_bytes=tree.host_bytes,
-            pids=tree.pids,
-            per_device=per_device,
-        )
-    return out
 
 
 def _gpu_init_flag(amdsmi: Any) -> Any:

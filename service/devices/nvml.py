@@ -31,8 +31,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.devices.tree import Footprints, TreeSample, sample_trees
-from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
+from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
+from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
 
 log = logging.getLogger("vramd.devices")
@@ -171,7 +171,7 @@ class NvmlProbe:
         return ProbeReading(
             backend=self.backend,
             devices=tuple(snapshots),
-            instances=_instances(trees, device_bytes),
+            instances=instance_memory(trees, device_bytes),
             degraded=degraded,
         )
 
@@ -263,7 +263,7 @@ class NvmlProbe:
         return ProbeReading(
             backend=self.backend,
             devices=devices,
-            instances=_instances(trees, self._last_device_bytes),
+            instances=instance_memory(trees, self._last_device_bytes),
             degraded=f"NVML read failed ({_describe(exc)}); showing {what}",
         )
 
@@ -277,22 +277,6 @@ class NvmlProbe:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError as exc:
                 log.warning("nvmlShutdown failed: %s", _describe(exc))
-
-
-def _instances(
-    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, Mapping[int, int]]
-) -> dict[str, InstanceMemory]:
-    # An instance with no process left holds nothing, even when the figure is a stale one.
-    out = {}
-    for key, tree in trees.items():
-        per_device = dict(device_bytes.get(key, {})) if tree.pids else {}
-        out[key] = InstanceMemory(
-            device_bytes=sum(per_device.values()),
-            host_bytes=tree.host_bytes,
-            pids=tree.pids,
-            per_device=per_device,
-        )
-    return out
 
 
 def _error_classes(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:
