@@ -16,6 +16,9 @@ amounts with PyTorch (or CuPy), reads them through the same ``NvmlProbe`` and th
     settle         after SIGKILL the pids leave NVML's list within the settle timeout,
                    and the device's free memory comes back
 
+With ``VRAMD_SIMULATED_GPUS`` set it checks simulated GPUs (``service.simgpu``) the same
+way, its children allocating there instead of through torch or cupy.
+
 Exit status: 0 every check passed, 1 a check failed, 2 the checks could not run (no
 NVIDIA GPU, or neither torch nor cupy installed). ``--json`` prints the same report as
 JSON. A failing ``context`` row inside a container usually means NVML reports host pids
@@ -61,6 +64,7 @@ from service.units import format_duration, format_size, parse_size
 
 MiB = 2**20
 ALLOCATORS = ("torch", "cupy")
+SIMULATED, SIMULATED_ENV = "simulated", "VRAMD_SIMULATED_GPUS"  # service.simgpu
 DEFAULT_SIZES = ("256MiB", "1GiB")
 EXIT_PASSED, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -326,7 +330,12 @@ class GpuCheck:
 
 
 def find_allocator(preferred: str = "auto") -> str:
-    """``torch`` if importable, else ``cupy``; ``CannotRun`` when neither is."""
+    """``torch`` if importable, else ``cupy``; ``CannotRun`` when neither is.
+
+    On simulated GPUs (``VRAMD_SIMULATED_GPUS``) ``auto`` means ``simulated``.
+    """
+    if preferred == SIMULATED or (preferred == "auto" and os.environ.get(SIMULATED_ENV)):
+        return SIMULATED
     candidates = ALLOCATORS if preferred == "auto" else (preferred,)
     for name in candidates:
         if importlib.util.find_spec(name) is not None:
@@ -428,6 +437,10 @@ def _allocate(allocator: str, nbytes: int) -> object:
     # Every child makes the same one-element array first, so that the context-only child
     # and the others differ by exactly the large allocation. Imported by name: neither
     # library is a dependency of vramd.
+    if allocator == SIMULATED:
+        from service.simgpu.cuda import simulated_allocation  # not needed on a real box
+
+        return simulated_allocation(nbytes)
     lib: Any = importlib.import_module(allocator)
     if allocator == "torch":
         if not lib.cuda.is_available():
@@ -514,7 +527,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU (default 0)")
-    p.add_argument("--allocator", choices=("auto", *ALLOCATORS), default="auto")
+    p.add_argument("--allocator", choices=("auto", *ALLOCATORS, SIMULATED), default="auto")
     p.add_argument(
         "--sizes", nargs="+", default=list(DEFAULT_SIZES), help="allocations to attribute"
     )

@@ -13,10 +13,13 @@ than hoped for.
 
 Run it as ``python -m service.demo_runtime --port P [flags]`` (the flags are listed in
 ``options``, and by ``--help``). It imports only the standard library and
-``service.units`` so that it starts in a few tens of milliseconds. Its parts::
+``service.units`` so that it starts in a few tens of milliseconds (``service.simgpu``,
+also standard library only, when it holds simulated GPU memory). Its parts::
 
     options.py   the command line: every flag, parsed into one frozen Options
     memory.py    real, touched memory, and forked helpers that hold their own
+    gpu.py       device memory on simulated GPUs (--gpu-memory, GET /debug/gpu;
+                 service.simgpu)
     state.py     Runtime: what the handler threads share (readiness, counters, leaks,
                  sleep), and the llama.cpp-style metrics drawn from it
     replies.py   Reply and ApiError: an answer, or an error in OpenAI's (or Anthropic's) shape

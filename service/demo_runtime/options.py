@@ -34,6 +34,19 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
                              and POST /inference (whisper.cpp's server); /v1/rerank and
                              /v1/audio/transcriptions then answer 404
 
+Simulated GPUs (``service.simgpu``; the state named by VRAMD_SIMULATED_GPUS):
+
+    --gpu-memory SIZE        device memory to allocate at the end of loading, on the
+                             devices CUDA_VISIBLE_DEVICES shows (cuda:0 alone when it is
+                             unset), numbered as CUDA numbers them: fastest first unless
+                             CUDA_DEVICE_ORDER=PCI_BUS_ID. Out of memory (free memory or
+                             the largest free block): CUDA's lines on stderr, exit 1
+    --gpu-split W,W          shares of --gpu-memory per device, e.g. 0.6,0.4 (default
+                             even over the devices used)
+    --gpu-leak-per-request SIZE  device memory each inference request adds for good
+                             (split the same way); once it no longer fits, requests
+                             answer 500 with CUDA's out-of-memory message
+
 Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/completions,
 /v1/completions, /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings,
 /v1/images/generations, /v1/images/edits, /v1/audio/transcriptions,
@@ -41,7 +54,8 @@ Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/co
 /inference instead of /v1/rerank and /v1/audio/transcriptions). llama.cpp's own routes,
 answered once loaded: GET /slots, GET /props, POST /tokenize, and POST
 /v1/messages/count_tokens. Other routes: GET /health, GET /v1/models, GET /metrics, and
-/debug/echo (any method: answers the method, path, query, body and content-type it got).
+/debug/echo (any method: answers the method, path, query, body and content-type it got)
+and, with simulated GPU memory, GET /debug/gpu (the devices it allocated on, and bytes).
 It logs a startup line and one line per request (``METHOD PATH STATUS``) to stdout.
 SIGTERM or SIGINT stops it with exit code 0.
 """
@@ -77,6 +91,14 @@ class Options:
     sleep_mode: bool = False
     parallel: int = 1
     native_routes: bool = False
+    gpu_memory: int = 0
+    gpu_split: tuple[float, ...] | None = None
+    gpu_leak_per_request: int = 0
+
+    @property
+    def simulated_gpu(self) -> bool:
+        """Whether this runtime holds device memory on simulated GPUs."""
+        return self.gpu_memory > 0 or self.gpu_leak_per_request > 0
 
 
 def _size(text: str) -> int:
@@ -84,6 +106,16 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:  # argparse reports ArgumentTypeError messages verbatim
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _split(text: str) -> tuple[float, ...]:
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        shares = ()
+    if not shares or any(not share > 0 for share in shares):
+        raise argparse.ArgumentTypeError(f"{text!r}: positive shares, e.g. 0.6,0.4")
+    return shares
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -113,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--sleep-mode", action="store_true")
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--native-routes", action="store_true")
+    p.add_argument("--gpu-memory", type=_size, default=0)
+    p.add_argument("--gpu-split", type=_split)
+    p.add_argument("--gpu-leak-per-request", type=_size, default=0)
     ns = vars(p.parse_args(argv))
     names = [name.strip() for item in ns.pop("models") for name in item.split(",")]
     ns["models"] = tuple(name for name in names if name) or ("demo",)

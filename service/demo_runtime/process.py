@@ -1,7 +1,8 @@
 """The process: fail at start on cue, or listen, "load", and serve until a signal.
 
 ``main`` forks the helpers before any thread starts, listens at once, loads (touches its
-memory, waits out ``--load-seconds``) and only then turns ``/health`` to 200. SIGTERM or
+memory, waits out ``--load-seconds``, allocates ``--gpu-memory`` on simulated GPUs, and
+exits 1 with CUDA's lines when that does not fit) and only then turns ``/health`` to 200. SIGTERM or
 SIGINT stops it with exit code 0; with ``--ignore-sigterm`` only SIGINT or SIGKILL does.
 """
 
@@ -42,8 +43,11 @@ def install_signals(opts: Options, stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def load(runtime: Runtime, workers: list[Worker], stop: threading.Event) -> None:
-    """What a real runtime does before /health turns 200: map weights, start helpers."""
+def load(runtime: Runtime, workers: list[Worker], stop: threading.Event) -> bool:
+    """What a real runtime does before /health turns 200: map weights, start helpers.
+
+    False when the weights did not fit on the (simulated) GPU: the runtime exits 1.
+    """
     opts = runtime.opts
     started = time.monotonic()
     deadline = started + opts.load_seconds
@@ -51,10 +55,19 @@ def load(runtime: Runtime, workers: list[Worker], stop: threading.Event) -> None
     for worker in workers:
         os.read(worker.ready_fd, 1)  # b"" if the worker died; either way it is settled
         os.close(worker.ready_fd)
-    if stop.wait(max(0.0, deadline - time.monotonic())) or opts.never_ready:
-        return
+    if stop.wait(max(0.0, deadline - time.monotonic())):
+        return True
+    if opts.simulated_gpu:
+        from service.demo_runtime import gpu  # imports service.simgpu: only when asked
+
+        runtime.gpu = gpu.start(opts)
+        if runtime.gpu is None:
+            return False
+    if opts.never_ready:
+        return True
     runtime.ready.set()
     log(f"demo_runtime: ready after {time.monotonic() - started:.2f}s")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     models = ",".join(opts.models)
     log(f"demo_runtime: pid {os.getpid()} listening on {opts.host}:{opts.port} models={models}")
     try:
-        load(runtime, workers, stop)
+        if not load(runtime, workers, stop):
+            return 1
         # A timeout keeps the main thread waking, so the signal handler always gets to run.
         while not stop.wait(0.5):
             pass

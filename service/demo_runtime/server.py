@@ -1,8 +1,10 @@
 """The HTTP side: a threading server and the handler that reads, misbehaves and replies.
 
 The handler is where the misbehaviour flags act on a request: ``--hang`` never answers,
-``--latency-ms`` waits, ``--leak-per-request`` leaks, ``--oom-after`` answers with a
-CUDA out-of-memory error and ``--crash-after`` exits part-way through the reply. Bodies
+``--latency-ms`` waits, ``--leak-per-request`` leaks (``--gpu-leak-per-request`` on the
+simulated GPU, answering CUDA's out-of-memory error once it does not fit), ``--oom-after``
+answers with a CUDA out-of-memory error and ``--crash-after`` exits part-way through the
+reply. Bodies
 arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
 as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
 ``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
@@ -34,6 +36,7 @@ CRASH_AFTER_CHUNKS = 2  # a streamed --crash-after request dies after this many 
 CRASH_EXIT_CODE = 3
 STARTED = int(time.time())
 ECHO_PATH = "/debug/echo"
+GPU_PATH = "/debug/gpu"  # answered only with simulated GPU memory (--gpu-memory)
 
 
 class DemoServer(ThreadingHTTPServer):
@@ -81,6 +84,8 @@ class Handler(BaseHTTPRequestHandler):
                     for name in self.runtime.opts.models
                 ]
                 self._send(json_reply({"object": "list", "data": data}))
+            elif path == GPU_PATH and self.runtime.gpu is not None:
+                self._send(json_reply(self.runtime.gpu.describe()))
             elif path == "/is_sleeping" and self.runtime.opts.sleep_mode:
                 self._send(json_reply({"is_sleeping": self.runtime.sleeping}))
             elif path == "/metrics":
@@ -102,7 +107,11 @@ class Handler(BaseHTTPRequestHandler):
                 return
             body = self._read_body()
             if self.runtime.opts.sleep_mode and path in ("/sleep", "/wake_up"):
-                (self.runtime.sleep if path == "/sleep" else self.runtime.wake)()
+                if path == "/sleep":
+                    self.runtime.sleep()
+                elif (error := self.runtime.wake()) is not None:
+                    log(f"torch.OutOfMemoryError: {error}", sys.stderr)
+                    raise ApiError(500, error, "server_error")
                 log(f"{path.lstrip('/')} done")
                 self._send(Reply(status=200, body=b""))
                 return
@@ -159,8 +168,10 @@ class Handler(BaseHTTPRequestHandler):
             if opts.latency_ms > 0:
                 time.sleep(opts.latency_ms / 1000)
             runtime.leak()
-            if opts.oom_after is not None and number >= opts.oom_after:
+            message = runtime.gpu_leak()
+            if message is None and opts.oom_after is not None and number >= opts.oom_after:
                 message = "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; demo runtime)"
+            if message is not None:
                 log(f"torch.OutOfMemoryError: {message}", sys.stderr)
                 raise ApiError(500, message, "server_error")
             self._send(route(payload, opts), crash=opts.crash_after == number)

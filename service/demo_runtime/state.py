@@ -1,5 +1,8 @@
 """What the handler threads share: readiness, request counters, leaked memory, sleep.
 
+Device memory on simulated GPUs (``--gpu-memory``) is ``gpu``, set once loading has
+allocated it; sleep gives its weights back and waking takes them again.
+
 One ``Runtime`` per process. Its counters feed the ``/metrics`` page, under the names
 llama.cpp's server publishes (``llamacpp:kv_cache_usage_ratio`` and the rest).
 """
@@ -8,9 +11,13 @@ from __future__ import annotations
 
 import mmap
 import threading
+from typing import TYPE_CHECKING
 
 from service.demo_runtime.memory import touch_memory
 from service.demo_runtime.options import Options
+
+if TYPE_CHECKING:
+    from service.demo_runtime.gpu import GpuMemory
 
 CONTEXT_TOKENS = 4096  # the pretend KV cache size behind the llamacpp:kv_cache_* metrics
 
@@ -22,6 +29,7 @@ class Runtime:
         self.opts = opts
         self.ready = threading.Event()
         self.memory: mmap.mmap | None = None
+        self.gpu: GpuMemory | None = None
         self._lock = threading.Lock()
         self._requests = 0
         self._in_flight = 0
@@ -40,12 +48,18 @@ class Runtime:
             self.sleeping = True
         if block is not None:
             block.close()
+        if self.gpu is not None:
+            self.gpu.release()
 
-    def wake(self) -> None:
+    def wake(self) -> str | None:
+        """Memory back; CUDA's out-of-memory message when the device has no room now."""
+        if self.gpu is not None and (error := self.gpu.reload()) is not None:
+            return error
         block = touch_memory(self.opts.memory)
         with self._lock:
             self.memory = block
             self.sleeping = False
+        return None
 
     @property
     def in_flight(self) -> int:
@@ -82,6 +96,10 @@ class Runtime:
         with self._lock:
             if block is not None:
                 self._leaked.append(block)
+
+    def gpu_leak(self) -> str | None:
+        """--gpu-leak-per-request on the device; CUDA's message once it does not fit."""
+        return self.gpu.leak() if self.gpu is not None else None
 
     def metrics(self) -> str:
         """Prometheus text with the names llama.cpp's server uses."""

@@ -115,6 +115,13 @@ def create_probe(
 
 def _import_pynvml() -> ModuleType:
     # Imported on demand so that the host backend never needs the binding.
+    import os
+
+    simulated = os.environ.get("VRAMD_SIMULATED_GPUS")
+    if simulated:
+        # service.simgpu: the same NVML calls, answered from a shared state file.
+        log.warning("GPUs are simulated: NVML answers from %s (VRAMD_SIMULATED_GPUS)", simulated)
+        return importlib.import_module("service.simgpu.nvml")
     try:
         return importlib.import_module("pynvml")
     except ImportError as exc:
