@@ -245,6 +245,8 @@ class KernelEffects:
             return
         pids = rt.last_pids
         comeback = self._comeback(rt)  # taken while it still runs
+        if self._probe.backend != "host":
+            rt.departing = dict(rt.device_bytes)
         await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
         await self.settle(rt, pids, comeback)
 
@@ -268,6 +270,8 @@ class KernelEffects:
         what it held there."""
         await rt.close_client()
         comeback = comeback or self._comeback(rt)
+        if self._probe.backend != "host" and not rt.departing:
+            rt.departing = dict(rt.device_bytes)
         missing: dict[int, int] = {}
 
         async def released() -> bool:
@@ -297,7 +301,7 @@ class KernelEffects:
             data = {"missing_bytes": {str(d): b for d, b in missing.items()}}
             self._events.record("settle-timeout", message, service=rt.name, data=data)
         rt.footprint = rt.host_bytes = 0
-        rt.device_bytes = {}
+        rt.device_bytes, rt.departing = {}, {}
         self._feed(InstanceStopped(rt.name))
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone

@@ -163,6 +163,9 @@ class ServiceRuntime:
     # Every device of the instance (``device`` is the first) and what it holds on each.
     devices: tuple[int, ...] = ()
     device_bytes: dict[int, int] = field(default_factory=dict)
+    # Between its exit and the settle barrier's verdict: what the instance held on each
+    # device (the driver may still list it; that memory is ours, not foreign).
+    departing: dict[int, int] = field(default_factory=dict)
     instance_id: int | None = None
     last_pids: tuple[int, ...] = ()
     footprint: int = 0

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import httpx
@@ -53,6 +53,28 @@ def recent_peak(recent: Iterable[int | None], rt: ServiceRuntime) -> int | None:
         return rt.learned_peak
     cap = rt.spec.memory.cap
     return min(max(peaks), cap) if cap is not None else max(peaks)
+
+
+def with_departing(reading: ProbeReading, departing: Iterable[Mapping[int, int]]) -> ProbeReading:
+    """``reading`` with the memory of instances that exited but have not settled counted
+    as managed, not foreign.
+
+    Between a runtime's exit and the driver's release of its memory, NVML still counts
+    the memory as used while no live process of ours holds it. Read as foreign, it would
+    shrink every device's budget for the length of one sample, while the scheduler still
+    charges the departing instance too: a load arriving then could be refused for good
+    (it "can never fit") over memory that is on its way back.
+    """
+    extra: dict[int, int] = {}
+    for held in departing:
+        for device, size in held.items():
+            extra[device] = extra.get(device, 0) + size
+    if not extra:
+        return reading
+    devices = tuple(
+        replace(d, managed=min(d.used, d.managed + extra.get(d.index, 0))) for d in reading.devices
+    )
+    return replace(reading, devices=devices)
 
 
 class SchedulerView(Protocol):
@@ -132,6 +154,9 @@ class Sampler:
         reading, _ = await asyncio.gather(
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
+        # Departed: not measured through a live tree any more (no double count).
+        departed = [rt.departing for name, rt in runtimes.items() if name not in roots]
+        reading = with_departing(reading, departed)
         self._last.reading = reading
         self._last.at = self._clock.monotonic()
         footprints: dict[str, int] = {}

@@ -53,3 +53,18 @@ def test_nothing_to_wait_for_without_a_sample_or_a_footprint() -> None:
     assert Comeback.expect("absent", BEFORE).held == {}
     idle = reading({0: 4 * GiB}, big={0: 0})
     assert Comeback.expect("big", idle).held == {}
+
+
+def test_memory_of_an_instance_between_exit_and_settle_is_managed_not_foreign() -> None:
+    """The driver still lists a stopped runtime's memory for a moment: counted as
+    foreign, it would make a load look as if it could never fit."""
+    from service.sampling import with_departing
+
+    lagging = ProbeReading("nvml", (DeviceSnapshot(1, 24 * GiB, 6 * GiB, 18 * GiB, 0),))
+    fixed = with_departing(lagging, [{1: 6 * GiB}, {}])
+    assert fixed.devices[0].foreign == 0
+    assert fixed.devices[0].managed == 6 * GiB
+    # Gone from the device already: nothing is invented beyond what is used.
+    empty = ProbeReading("nvml", (DeviceSnapshot(1, 24 * GiB, 0, 24 * GiB, 0),))
+    assert with_departing(empty, [{1: 6 * GiB}]).devices[0].managed == 0
+    assert with_departing(lagging, []) is lagging

@@ -200,9 +200,12 @@ class NvmlProbe:
         box whose cards differ, index 0 would then be another GPU than NVML's 0, and the
         runtime would allocate on a device vramd did not admit it to.
         """
+        # Simulated GPUs (service.simgpu) name their state file for the runtime too.
+        simulated = getattr(self._nvml, "vramd_runtime_env", None)
         return {
             "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            **(simulated() if callable(simulated) else {}),
         }
 
     def _memory(self, handle: Any) -> tuple[int, int, int, int]:
