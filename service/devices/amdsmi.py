@@ -75,6 +75,7 @@ from typing import Any, Literal
 
 import psutil
 
+from service.devices.lastgood import LastGood
 from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
 from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
@@ -155,9 +156,7 @@ class AmdsmiProbe:
             self.close()
             raise
         self._by_index = {gpu.index: gpu for gpu in self._gpus}
-        self._last_devices: dict[int, DeviceSnapshot] = {}
-        self._last_device_bytes: dict[str, dict[int, int]] = {}
-        self._failing = False
+        self._last_good = LastGood("amdsmi")
 
     @property
     def indexes(self) -> tuple[int, ...]:
@@ -275,11 +274,7 @@ class AmdsmiProbe:
             snapshots.append(
                 DeviceSnapshot(gpu.index, gpu.total, used, free, managed, name=gpu.name)
             )
-        if self._failing:
-            log.info("amdsmi reads recovered")
-            self._failing = False
-        self._last_devices = {snapshot.index: snapshot for snapshot in snapshots}
-        self._last_device_bytes = dict(device_bytes)
+        self._last_good.keep(snapshots, device_bytes)
         degraded: str | None = None
         if gaps:
             degraded = "partial attribution (counted as foreign): " + "; ".join(gaps)
@@ -363,19 +358,8 @@ class AmdsmiProbe:
         return {"ROCR_VISIBLE_DEVICES": ",".join(names)}
 
     def _stale(self, trees: Mapping[str, TreeSample], exc: BaseException) -> ProbeReading:
-        """The last good device figures (zeros before the first), flagged as such."""
-        if not self._failing:
-            log.warning("amdsmi read failed: %s; serving the last good figures", _describe(exc))
-            self._failing = True
-        zero = {gpu.index: DeviceSnapshot(gpu.index, 0, 0, 0, name=gpu.name) for gpu in self._gpus}
-        devices = tuple(self._last_devices.get(index, zero[index]) for index in zero)
-        what = "last good device figures" if self._last_devices else "no good reading yet: zeros"
-        return ProbeReading(
-            backend=self.backend,
-            devices=devices,
-            instances=instance_memory(trees, self._last_device_bytes),
-            degraded=f"amdsmi read failed ({_describe(exc)}); showing {what}",
-        )
+        gpus = {gpu.index: gpu.name for gpu in self._gpus}
+        return self._last_good.serve(self.backend, gpus, trees, _describe(exc))
 
     def close(self) -> None:
         """Shut amdsmi down, once; later calls do nothing."""

@@ -31,6 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service.devices.lastgood import LastGood
 from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
 from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
@@ -89,9 +90,7 @@ class NvmlProbe:
             *_error_classes(nvml, "NVMLError_NotSupported", "NVMLError_NoPermission"),
         )
         self._list_functions = {name: getattr(nvml, name) for name in _PROCESS_LISTS}
-        self._last_devices: dict[int, DeviceSnapshot] = {}
-        self._last_device_bytes: dict[str, dict[int, int]] = {}
-        self._failing = False
+        self._last_good = LastGood("NVML")
 
     @property
     def indexes(self) -> tuple[int, ...]:
@@ -160,11 +159,7 @@ class NvmlProbe:
                     gpu.index, total, used, free, managed, name=gpu.name, visible_total=visible
                 )
             )
-        if self._failing:
-            log.info("NVML reads recovered")
-            self._failing = False
-        self._last_devices = {snapshot.index: snapshot for snapshot in snapshots}
-        self._last_device_bytes = dict(device_bytes)
+        self._last_good.keep(snapshots, device_bytes)
         degraded: str | None = None
         if gaps:
             degraded = "partial attribution (counted as foreign): " + "; ".join(gaps)
@@ -256,19 +251,8 @@ class NvmlProbe:
             return []
 
     def _stale(self, trees: Mapping[str, TreeSample], exc: BaseException) -> ProbeReading:
-        """The last good device figures (zeros before the first), flagged as such."""
-        if not self._failing:
-            log.warning("NVML read failed: %s; serving the last good figures", _describe(exc))
-            self._failing = True
-        zero = {gpu.index: DeviceSnapshot(gpu.index, 0, 0, 0, name=gpu.name) for gpu in self._gpus}
-        devices = tuple(self._last_devices.get(index, zero[index]) for index in zero)
-        what = "last good device figures" if self._last_devices else "no good reading yet: zeros"
-        return ProbeReading(
-            backend=self.backend,
-            devices=devices,
-            instances=instance_memory(trees, self._last_device_bytes),
-            degraded=f"NVML read failed ({_describe(exc)}); showing {what}",
-        )
+        gpus = {gpu.index: gpu.name for gpu in self._gpus}
+        return self._last_good.serve(self.backend, gpus, trees, _describe(exc))
 
     def close(self) -> None:
         """Shut NVML down, once; later calls do nothing."""
