@@ -75,7 +75,7 @@ from typing import Any, Literal
 
 import psutil
 
-from service.devices.lastgood import LastGood
+from service.devices.gpu_shared import LastGood, selected
 from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
 from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
@@ -171,15 +171,7 @@ class AmdsmiProbe:
         count = len(handles)
         if count == 0:
             raise AmdsmiUnavailable("amdsmi initialised but reports no GPU")
-        wanted = list(range(count)) if gpus == "all" else list(dict.fromkeys(gpus))
-        if not wanted:
-            raise ProbeError("device.gpus is an empty list: name at least one GPU index")
-        unknown = [index for index in wanted if not 0 <= index < count]
-        if unknown:
-            raise ProbeError(
-                f"device.gpus names GPU index {', '.join(map(str, unknown))}, but amdsmi "
-                f"reports {count} GPU(s) (indexes 0..{count - 1})"
-            )
+        wanted = selected(gpus, count, "amdsmi")
         opened = []
         for index in wanted:
             handle = handles[index]

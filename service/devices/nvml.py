@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.devices.lastgood import LastGood
+from service.devices.gpu_shared import LastGood, selected
 from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
 from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
@@ -104,15 +104,7 @@ class NvmlProbe:
             raise NvmlUnavailable(f"NVML could not count GPUs: {_describe(exc)}") from exc
         if count == 0:
             raise NvmlUnavailable("NVML initialised but reports no GPU")
-        wanted = list(range(count)) if gpus == "all" else list(dict.fromkeys(gpus))
-        if not wanted:
-            raise ProbeError("device.gpus is an empty list: name at least one GPU index")
-        unknown = [index for index in wanted if not 0 <= index < count]
-        if unknown:
-            raise ProbeError(
-                f"device.gpus names GPU index {', '.join(map(str, unknown))}, but NVML "
-                f"reports {count} GPU(s) (indexes 0..{count - 1})"
-            )
+        wanted = selected(gpus, count, "NVML")
         opened = []
         for index in wanted:
             try:

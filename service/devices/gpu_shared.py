@@ -1,6 +1,9 @@
-"""The last good reading of a GPU probe, served (flagged) while the driver fails.
+"""What both GPU probes (``nvml``, ``amdsmi``) share: which GPUs, and the last good reading.
 
-Both GPU probes share one failure policy (``nvml`` module docstring): after a good start
+``selected`` turns ``device.gpus`` into the indexes to open, with the same errors for
+every driver library.
+
+Both probes share one failure policy (``nvml`` module docstring): after a good start
 nothing raises; a read that fails returns the last good device figures, with
 ``degraded`` saying why, and the next good read recovers. ``LastGood`` keeps those
 figures and says each change of state once in the log, not once per sample.
@@ -9,12 +12,29 @@ figures and says each change of state once in the log, not once per sample.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 from service.devices.tree import TreeSample, instance_memory
 from service.domain import DeviceSnapshot, ProbeReading
+from service.errors import ProbeError
 
 log = logging.getLogger("vramd.devices")
+
+
+def selected(gpus: Sequence[int] | Literal["all"], count: int, library: str) -> list[int]:
+    """The GPU indexes ``device.gpus`` names, each once, in its order; ``ProbeError`` for
+    an empty list or an index the machine does not have (``library`` reports ``count``)."""
+    wanted = list(range(count)) if gpus == "all" else list(dict.fromkeys(gpus))
+    if not wanted:
+        raise ProbeError("device.gpus is an empty list: name at least one GPU index")
+    unknown = [index for index in wanted if not 0 <= index < count]
+    if unknown:
+        raise ProbeError(
+            f"device.gpus names GPU index {', '.join(map(str, unknown))}, but {library} "
+            f"reports {count} GPU(s) (indexes 0..{count - 1})"
+        )
+    return wanted
 
 
 class LastGood:
