@@ -19,6 +19,7 @@ import contextlib
 from typing import Any, Protocol
 
 from service.clock import Clock
+from service.device_settle import Comeback
 from service.devices import DeviceProbe
 from service.doctor import Doctor
 from service.domain import INSTANCE_FLAGS, InstanceState
@@ -184,15 +185,20 @@ class KernelEffects:
             runtime_totals=self._runtime_totals(devices),
             placement=self._probe.placement_env(devices),
         )
-        rt.device = action.device
+        rt.device, rt.devices = action.device, devices
         if not action.retry:
             rt.peak = 0
             rt.counters["loads"] += 1
             self._events.record(
                 "load",
-                f"starting {rt.name} on device {action.device} ({action.reason})",
+                f"starting {rt.name} on {_where(devices)} ({action.reason})",
                 service=rt.name,
-                data={"device": action.device, "argv": args.argv, "port": args.port},
+                data={
+                    "device": action.device,
+                    "devices": list(devices),
+                    "argv": args.argv,
+                    "port": args.port,
+                },
             )
 
         async def spawned(proc: Any) -> None:
@@ -238,8 +244,11 @@ class KernelEffects:
             self._feed(InstanceAsleep(rt.name))
             return
         pids = rt.last_pids
+        comeback = self._comeback(rt)  # taken while it still runs
+        if self._probe.backend != "host":
+            rt.departing = dict(rt.device_bytes)
         await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
-        await self.settle(rt, pids)
+        await self.settle(rt, pids, comeback)
 
     async def _stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
         await self._sleep.stop_sleeper(rt, reason)
@@ -247,22 +256,52 @@ class KernelEffects:
         if rt.retired:
             self._runtimes.drop(rt)
 
-    async def settle(self, rt: ServiceRuntime, pids: tuple[int, ...]) -> None:
-        """Report the instance stopped once the probe shows its memory released."""
+    def _comeback(self, rt: ServiceRuntime) -> Comeback:
+        """What the instance's devices must show again after it stops (``device_settle``);
+        nothing on the host backend."""
+        last = self._sampler.last_reading if self._probe.backend != "host" else None
+        return Comeback.expect(rt.name, last)
+
+    async def settle(
+        self, rt: ServiceRuntime, pids: tuple[int, ...], comeback: Comeback | None = None
+    ) -> None:
+        """Report the instance stopped once the probe shows its memory released: its
+        pids no longer listed, and (GPU backends) each device's free figure back up by
+        what it held there."""
         await rt.close_client()
+        comeback = comeback or self._comeback(rt)
+        if self._probe.backend != "host" and not rt.departing:
+            rt.departing = dict(rt.device_bytes)
+        missing: dict[int, int] = {}
 
         async def released() -> bool:
-            return not pids or not await asyncio.to_thread(self._probe.holding, pids)
+            nonlocal missing
+            if pids:
+                held: set[int] = await asyncio.to_thread(self._probe.holding, pids)
+                if held:
+                    return False
+            if not comeback.held:
+                return True
+            roots = {name: pid for name, pid in self._sampler.roots().items() if name != rt.name}
+            missing = comeback.missing(await asyncio.to_thread(self._probe.read, roots))
+            return not missing
 
         timeout = self._settle_timeout_s
         if not await wait_settled(released, clock=self._clock, timeout_s=timeout):
-            self._events.record(
-                "settle-timeout",
-                f"{rt.name}: memory of pids {list(pids)} still held {timeout:g}s after exit; "
-                "admitting with fresh figures anyway",
-                service=rt.name,
-            )
+            if missing:
+                message = (
+                    f"{rt.name}: free memory not back {timeout:g}s after exit "
+                    f"({comeback.describe(missing)}); admitting with fresh figures anyway"
+                )
+            else:
+                message = (
+                    f"{rt.name}: memory of pids {list(pids)} still held {timeout:g}s after "
+                    "exit; admitting with fresh figures anyway"
+                )
+            data = {"missing_bytes": {str(d): b for d, b in missing.items()}}
+            self._events.record("settle-timeout", message, service=rt.name, data=data)
         rt.footprint = rt.host_bytes = 0
+        rt.device_bytes, rt.departing = {}, {}
         self._feed(InstanceStopped(rt.name))
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone
@@ -327,3 +366,9 @@ class KernelEffects:
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
+
+
+def _where(devices: tuple[int, ...]) -> str:
+    if len(devices) == 1:
+        return f"device {devices[0]}"
+    return "devices " + ", ".join(map(str, devices))

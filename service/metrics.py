@@ -22,6 +22,7 @@ Series (``device`` is the device index, ``service`` the policy's service name)::
     vramd_info{version, backend}                                   1
     vramd_device_{total,used,free,foreign,budget,headroom,available}_bytes{device}
     vramd_service_{footprint,host,expected_peak,learned_peak,estimate,cap}_bytes{service}
+    vramd_service_device_{footprint,charge}_bytes{service, device}  per device it is on
     vramd_service_state{service, state}            1 for the current state, 0 for others
     vramd_service_flag{service, flag}              1 when the flag is raised
     vramd_service_in_flight{service}, vramd_service_queued{service}
@@ -153,12 +154,29 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
         in_flight.add_metric([name], svc.get("in_flight") or 0)
         queued.add_metric([name], svc.get("queued") or 0)
     yield from (state, flag, in_flight, queued, waiting)
+    yield from _per_device_metrics(services)
 
     for key, help_ in SERVICE_COUNTERS:
         counter = CounterMetricFamily(f"vramd_service_{key}", help_, labels=["service"])
         for svc in services:
             counter.add_metric([svc["name"]], svc.get(key) or 0)
         yield counter
+
+
+def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    """Each service's measured and charged bytes on every device it is on (``span: N``
+    gives one series per device; the totals are the ``vramd_service_*_bytes`` above)."""
+    for name, field, help_ in (
+        ("footprint", "device_bytes", "Measured memory of the service on one device."),
+        ("charge", "charge_by_device", "Memory admission charges the service on one device."),
+    ):
+        family = GaugeMetricFamily(
+            f"vramd_service_device_{name}_bytes", help_, labels=["service", "device"]
+        )
+        for svc in services:
+            for device, value in (svc.get(field) or {}).items():
+                family.add_metric([svc["name"], str(device)], value)
+        yield family
 
 
 class Metrics:

@@ -102,10 +102,18 @@ def launch_args(
         values["CAP_BYTES"] = str(cap)
         values["CAP_MIB"] = str(cap // (1024 * 1024))
         if runtime_totals and all(runtime_totals):
-            values["CAP_FRACTION"] = cap_fraction(cap, service.shares, runtime_totals)
+            shares = service.shares
+            if len(shares) != len(runtime_totals):  # placed before a span change applied
+                shares = (1.0 / len(runtime_totals),) * len(runtime_totals)
+            values["CAP_FRACTION"] = cap_fraction(cap, shares, runtime_totals)
     extra = {key: expand_placeholders(value, values) for key, value in service.env.items()}
+    # A service that picks its devices itself (any of the visibility variables) is not
+    # filtered a second time: HIP honours CUDA_VISIBLE_DEVICES, and ROCR's mask applies
+    # before HIP's, so vramd's variable beside the service's own would hide its device.
+    chooses_own = any(key in VISIBILITY_VARIABLES for key in extra)
     for key, value in (placement or {}).items():
-        extra.setdefault(key, value)
+        if not (chooses_own and key in VISIBILITY_VARIABLES):
+            extra.setdefault(key, value)
     health = expand_placeholders(health_path(service), values)
     return LaunchArgs(
         argv=[expand_placeholders(arg, values) for arg in service.command],
@@ -114,6 +122,11 @@ def launch_args(
         port=port,
         health_url=f"http://127.0.0.1:{port}{health}",
     )
+
+
+VISIBILITY_VARIABLES = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"}
+)
 
 
 def cap_fraction(cap: int, shares: Sequence[float], totals: Sequence[int]) -> str:
@@ -147,6 +160,12 @@ class ServiceRuntime:
     client: httpx.AsyncClient | None = None
     base_url: str | None = None
     device: int | None = None
+    # Every device of the instance (``device`` is the first) and what it holds on each.
+    devices: tuple[int, ...] = ()
+    device_bytes: dict[int, int] = field(default_factory=dict)
+    # Between its exit and the settle barrier's verdict: what the instance held on each
+    # device (the driver may still list it; that memory is ours, not foreign).
+    departing: dict[int, int] = field(default_factory=dict)
     instance_id: int | None = None
     last_pids: tuple[int, ...] = ()
     footprint: int = 0

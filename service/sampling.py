@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import httpx
@@ -53,6 +53,28 @@ def recent_peak(recent: Iterable[int | None], rt: ServiceRuntime) -> int | None:
         return rt.learned_peak
     cap = rt.spec.memory.cap
     return min(max(peaks), cap) if cap is not None else max(peaks)
+
+
+def with_departing(reading: ProbeReading, departing: Iterable[Mapping[int, int]]) -> ProbeReading:
+    """``reading`` with the memory of instances that exited but have not settled counted
+    as managed, not foreign.
+
+    Between a runtime's exit and the driver's release of its memory, NVML still counts
+    the memory as used while no live process of ours holds it. Read as foreign, it would
+    shrink every device's budget for the length of one sample, while the scheduler still
+    charges the departing instance too: a load arriving then could be refused for good
+    (it "can never fit") over memory that is on its way back.
+    """
+    extra: dict[int, int] = {}
+    for held in departing:
+        for device, size in held.items():
+            extra[device] = extra.get(device, 0) + size
+    if not extra:
+        return reading
+    devices = tuple(
+        replace(d, managed=min(d.used, d.managed + extra.get(d.index, 0))) for d in reading.devices
+    )
+    return replace(reading, devices=devices)
 
 
 class SchedulerView(Protocol):
@@ -116,34 +138,45 @@ class Sampler:
             except StoreError as exc:
                 log.error("samples not stored: %s", exc)
 
-    async def sample_once(self) -> None:
-        runtimes = self._runtimes
-        roots = {
+    def roots(self) -> dict[str, int]:
+        """Every live instance's root pid by service: what a reading measures."""
+        return {
             name: rt.instance.pid
-            for name, rt in runtimes.items()
+            for name, rt in self._runtimes.items()
             # Sleepers too: what they keep on the device is ours, not foreign.
             if rt.instance.pid is not None
             and (rt.instance.state in RESIDENT_STATES or rt.instance.state is SLEEPING)
         }
+
+    async def sample_once(self) -> None:
+        runtimes = self._runtimes
+        roots = self.roots()
         reading, _ = await asyncio.gather(
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
+        # Departed: not measured through a live tree any more (no double count).
+        departed = [rt.departing for name, rt in runtimes.items() if name not in roots]
+        reading = with_departing(reading, departed)
         self._last.reading = reading
         self._last.at = self._clock.monotonic()
         footprints: dict[str, int] = {}
+        per_device: dict[str, dict[int, int]] = {}
         for name, memory in reading.instances.items():
             rt = runtimes.get(name)
             if rt is None or name not in roots:
                 continue
             rt.footprint = memory.device_bytes
             rt.host_bytes = memory.host_bytes
+            rt.device_bytes = dict(memory.per_device)
+            if len(rt.devices) > 1:
+                per_device[name] = rt.device_bytes
             if memory.pids:
                 rt.last_pids = memory.pids
             rt.peak = max(rt.peak, memory.device_bytes)
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
             self._watch(rt, memory.device_bytes, memory.host_bytes)
-        self._feed(MemorySampled(reading.devices, footprints))
+        self._feed(MemorySampled(reading.devices, footprints, per_device))
         self._store_samples(reading, footprints)
         if self._clock.monotonic() - self._last_downsample >= DOWNSAMPLE_EVERY_S:
             self._last_downsample = self._clock.monotonic()

@@ -32,6 +32,11 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "pid": inst.pid,
         "port": inst.port,
         "device": rt.device if inst.pid is not None else view.device,
+        # span: N: every device, and per device what is measured and charged there.
+        "devices": list(rt.devices if inst.pid is not None else view.devices),
+        "span": spec.span,
+        "device_bytes": _per_device(rt.device_bytes if inst.pid is not None else {}),
+        "charge_by_device": _per_device(view.charges),
         "footprint_bytes": rt.footprint,
         "host_bytes": rt.host_bytes,
         "peak_bytes": rt.peak,
@@ -63,6 +68,11 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
     }
 
 
+def _per_device(figures: dict[int, int]) -> dict[str, int]:
+    """Device index -> bytes with JSON's string keys, in index order."""
+    return {str(device): figures[device] for device in sorted(figures)}
+
+
 def status_view(
     *,
     reading: ProbeReading | None,
@@ -79,6 +89,7 @@ def status_view(
                 "index": device.index,
                 "name": device.name,
                 "total_bytes": device.total,
+                "visible_total_bytes": device.runtime_total,
                 "used_bytes": device.used,
                 "free_bytes": device.free,
                 "managed_bytes": device.managed,

@@ -15,6 +15,7 @@ from contextlib import closing
 
 import pynvml
 import pytest
+from support.fake_amdsmi import FakeAmdsmi
 from support.fake_pynvml import FakeGpu, FakeNvml, FakeProcess, V2Support
 
 from service.devices import HostProbe, NvmlProbe, create_probe
@@ -24,6 +25,8 @@ from service.errors import ProbeError
 GiB = 2**30
 ME = {"me": os.getpid()}
 FOREIGN_PID = os.getppid()  # alive, and never in this process's tree
+# auto falls back from NVML to amdsmi: these tests mean a machine with no AMD GPU either.
+NO_AMD = FakeAmdsmi([])
 
 
 @pytest.fixture
@@ -235,7 +238,7 @@ def test_unknown_gpu_index_is_a_probe_error_naming_it(backend: str) -> None:
 def test_auto_without_a_gpu_library_is_host(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound)
     with caplog.at_level(logging.INFO, logger="vramd.devices"):
-        probe = create_probe("auto", nvml=fake)
+        probe = create_probe("auto", nvml=fake, amdsmi=NO_AMD)
     with closing(probe):
         assert isinstance(probe, HostProbe)
     assert "host" in caplog.text
@@ -245,7 +248,7 @@ def test_auto_without_a_gpu_library_is_host(caplog: pytest.LogCaptureFixture) ->
 
 def test_auto_with_no_gpu_is_host() -> None:
     fake = FakeNvml([])
-    with closing(create_probe("auto", nvml=fake)) as probe:
+    with closing(create_probe("auto", nvml=fake, amdsmi=NO_AMD)) as probe:
         assert isinstance(probe, HostProbe)
     assert fake.initialised == 0
 
@@ -283,7 +286,7 @@ def _real_nvml_has_a_gpu() -> bool:
 
 
 def test_auto_with_the_real_binding_matches_the_machine() -> None:
-    with closing(create_probe("auto")) as probe:
+    with closing(create_probe("auto", amdsmi=NO_AMD)) as probe:
         reading = probe.read(ME)
     assert probe.backend == ("nvml" if _real_nvml_has_a_gpu() else "host")
     assert reading.devices[0].total > 0

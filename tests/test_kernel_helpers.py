@@ -160,7 +160,7 @@ class Kit:
             last=self.last,
             runtimes=self.runtimes,
             feed=self.fed.append,
-            nvml=False,
+            gpu=False,
         )
 
 

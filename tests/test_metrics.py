@@ -152,6 +152,20 @@ def test_service_gauges_and_absent_values(metrics: Metrics) -> None:
     assert value(text, "vramd_service_cap_bytes", service="embed") is None
 
 
+def test_a_spanning_service_has_one_series_per_device(
+    metrics: Metrics, status: FakeStatus
+) -> None:
+    chat = status.view["services"][0]
+    chat["device_bytes"] = {"0": 300 * MiB, "1": 100 * MiB}
+    chat["charge_by_device"] = {"0": 300 * MiB, "1": 225 * MiB}
+    text = scrape(metrics)
+    for device, used, charged in (("0", 300, 300), ("1", 100, 225)):
+        labels = {"service": "chat", "device": device}
+        assert value(text, "vramd_service_device_footprint_bytes", **labels) == used * MiB
+        assert value(text, "vramd_service_device_charge_bytes", **labels) == charged * MiB
+    assert value(text, "vramd_service_device_footprint_bytes", service="embed") is None
+
+
 def test_state_set_and_flags(metrics: Metrics) -> None:
     text = scrape(metrics)
     for name, current in (("chat", "ready"), ("embed", "stopped")):

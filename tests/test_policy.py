@@ -770,3 +770,24 @@ def test_loading_a_policy_imports_only_values() -> None:
     }
     assert not beyond, f"the policy reaches live code: {sorted(beyond)}"
     assert not {"httpx", "apscheduler.schedulers", "sqlalchemy", "fastapi"} & modules
+
+
+@pytest.mark.parametrize(
+    ("memory", "span"),
+    [
+        ("    memory: {estimate: 6GiB, cap: 7GiB}\n    span: 2", (1, 2)),
+        ("    memory: {estimate: 6GiB, cap: 7GiB, split: [0.7, 0.3]}\n    span: 2", None),
+    ],
+)
+def test_a_span_or_split_change_restarts_the_service(
+    memory: str, span: tuple[int, int] | None
+) -> None:
+    """A new span or split is a new placement: the instance must start again on it."""
+    before = edited(
+        ("    memory: {estimate: 6GiB, cap: 7GiB}", memory.replace(", split: [0.7, 0.3]", ""))
+    )
+    after = edited(("    memory: {estimate: 6GiB, cap: 7GiB}", memory))
+    base = load_policy(BASE) if span else before
+    [change] = diff_policies(base, after).changed
+    assert change.restart is True
+    assert after.services["chat"].shares == ((0.5, 0.5) if span else (0.7, 0.3))

@@ -369,6 +369,7 @@ def test_step2_a_load_that_fits_starts_with_its_figures() -> None:
     [admit] = notes(actions, "admit")
     assert admit.data == {
         "device": 0,
+        "devices": [0],
         "need": 300 * MiB,
         "available": 900 * MiB,
         "budget": 900 * MiB,
@@ -504,9 +505,9 @@ def test_foreign_growth_shrinks_available(foreign_mib: int, started: bool) -> No
 @pytest.mark.parametrize(
     ("service_gpus", "device_gpus", "device"),
     [
-        (None, None, 1),  # most room left after placing
-        ((0,), None, 0),  # only where the service may run
-        (None, (0, 2), 2),  # only where vramd may run
+        (None, None, 0),  # best fit: the least room left after placing
+        ((1,), None, 1),  # only where the service may run
+        (None, (1, 2), 2),  # only where vramd may run
     ],
 )
 def test_placement_across_devices(
@@ -522,8 +523,8 @@ def test_placement_across_devices(
 
 def test_placement_counts_what_is_already_charged() -> None:
     world = World(rule("a", mib=700), rule("b", mib=500), devices={0: 1000 * MiB, 1: 1200 * MiB})
-    assert start_devices(world.request("r1", "a")) == [("a", 1)]
-    assert start_devices(world.request("r2", "b")) == [("b", 0)]
+    assert start_devices(world.request("r1", "a")) == [("a", 0)]  # 300 MiB left, not 500
+    assert start_devices(world.request("r2", "b")) == [("b", 1)]  # 0 has only 300 MiB left
 
 
 # ------------------------------------------------------------------------- queues

@@ -248,9 +248,11 @@ def room(
     )
 
 
-def test_place_on_the_device_with_most_room_left() -> None:
-    decision = decide(rule(), 300, [room(0, 400), room(1, 900), room(2, 200)], 0)
-    assert decision == Place(1, 900)
+def test_place_on_the_device_with_least_room_left_best_fit() -> None:
+    """Best fit: a small load fills the tightest gap, so a large one later still finds
+    the big free device whole."""
+    decision = decide(rule(), 300, [room(0, 900), room(1, 400), room(2, 200)], 0)
+    assert decision == Place(1, 400)
     assert decide(rule(), 300, [room(0, 400), room(1, 400)], 0) == Place(0, 400)
 
 

@@ -69,7 +69,7 @@ def services_table(services: Iterable[dict[str, Any]]) -> Table:
             table,
             svc.get("name"),
             "waiting" if svc.get("waiting_for") else svc.get("state"),
-            svc.get("device"),
+            device_cell(svc),
             memory_cell(svc),
             svc.get("in_flight", 0),
             svc.get("queued", 0),
@@ -77,6 +77,18 @@ def services_table(services: Iterable[dict[str, Any]]) -> Table:
             ",".join(flags) or "-",
         )
     return table
+
+
+def device_cell(svc: dict[str, Any]) -> str:
+    """``0``; for an instance spanning devices one line each: ``0: 9.5GiB``."""
+    devices = svc.get("devices") or []
+    if len(devices) <= 1:
+        return str(svc.get("device")) if svc.get("device") is not None else "-"
+    measured = svc.get("device_bytes") or {}
+    charged = svc.get("charge_by_device") or {}
+    return "\n".join(
+        f"{d}: {format_size(measured.get(str(d)) or charged.get(str(d)))}" for d in devices
+    )
 
 
 def memory_cell(svc: dict[str, Any]) -> str:
@@ -103,7 +115,9 @@ def service_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
 def describe_service(svc: dict[str, Any]) -> str:
     """``chat: ready (pid 123, device 0, 40MiB, loaded in 1.2s)``."""
     running = svc.get("pid") is not None
-    parts = [f"pid {svc['pid']}", f"device {svc.get('device')}"] if running else []
+    devices = svc.get("devices") or [svc.get("device")]
+    where = f"device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}"
+    parts = [f"pid {svc['pid']}", where] if running else []
     if running and svc.get("footprint_bytes"):
         parts.append(format_size(svc["footprint_bytes"]))
     if svc.get("state") == "ready" and svc.get("last_load_s") is not None:

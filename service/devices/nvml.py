@@ -31,8 +31,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.devices.tree import Footprints, TreeSample, sample_trees
-from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
+from service.devices.gpu_shared import LastGood, selected
+from service.devices.tree import Footprints, TreeSample, instance_memory, sample_trees
+from service.domain import DeviceSnapshot, ProbeReading
 from service.errors import ProbeError
 
 log = logging.getLogger("vramd.devices")
@@ -89,9 +90,7 @@ class NvmlProbe:
             *_error_classes(nvml, "NVMLError_NotSupported", "NVMLError_NoPermission"),
         )
         self._list_functions = {name: getattr(nvml, name) for name in _PROCESS_LISTS}
-        self._last_devices: dict[int, DeviceSnapshot] = {}
-        self._last_device_bytes: dict[str, dict[int, int]] = {}
-        self._failing = False
+        self._last_good = LastGood("NVML")
 
     @property
     def indexes(self) -> tuple[int, ...]:
@@ -105,15 +104,7 @@ class NvmlProbe:
             raise NvmlUnavailable(f"NVML could not count GPUs: {_describe(exc)}") from exc
         if count == 0:
             raise NvmlUnavailable("NVML initialised but reports no GPU")
-        wanted = list(range(count)) if gpus == "all" else list(dict.fromkeys(gpus))
-        if not wanted:
-            raise ProbeError("device.gpus is an empty list: name at least one GPU index")
-        unknown = [index for index in wanted if not 0 <= index < count]
-        if unknown:
-            raise ProbeError(
-                f"device.gpus names GPU index {', '.join(map(str, unknown))}, but NVML "
-                f"reports {count} GPU(s) (indexes 0..{count - 1})"
-            )
+        wanted = selected(gpus, count, "NVML")
         opened = []
         for index in wanted:
             try:
@@ -160,18 +151,14 @@ class NvmlProbe:
                     gpu.index, total, used, free, managed, name=gpu.name, visible_total=visible
                 )
             )
-        if self._failing:
-            log.info("NVML reads recovered")
-            self._failing = False
-        self._last_devices = {snapshot.index: snapshot for snapshot in snapshots}
-        self._last_device_bytes = dict(device_bytes)
+        self._last_good.keep(snapshots, device_bytes)
         degraded: str | None = None
         if gaps:
             degraded = "partial attribution (counted as foreign): " + "; ".join(gaps)
         return ProbeReading(
             backend=self.backend,
             devices=tuple(snapshots),
-            instances=_instances(trees, device_bytes),
+            instances=instance_memory(trees, device_bytes),
             degraded=degraded,
         )
 
@@ -200,9 +187,12 @@ class NvmlProbe:
         box whose cards differ, index 0 would then be another GPU than NVML's 0, and the
         runtime would allocate on a device vramd did not admit it to.
         """
+        # Simulated GPUs (service.simgpu) name their state file for the runtime too.
+        simulated = getattr(self._nvml, "vramd_runtime_env", None)
         return {
             "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            **(simulated() if callable(simulated) else {}),
         }
 
     def _memory(self, handle: Any) -> tuple[int, int, int, int]:
@@ -253,19 +243,8 @@ class NvmlProbe:
             return []
 
     def _stale(self, trees: Mapping[str, TreeSample], exc: BaseException) -> ProbeReading:
-        """The last good device figures (zeros before the first), flagged as such."""
-        if not self._failing:
-            log.warning("NVML read failed: %s; serving the last good figures", _describe(exc))
-            self._failing = True
-        zero = {gpu.index: DeviceSnapshot(gpu.index, 0, 0, 0, name=gpu.name) for gpu in self._gpus}
-        devices = tuple(self._last_devices.get(index, zero[index]) for index in zero)
-        what = "last good device figures" if self._last_devices else "no good reading yet: zeros"
-        return ProbeReading(
-            backend=self.backend,
-            devices=devices,
-            instances=_instances(trees, self._last_device_bytes),
-            degraded=f"NVML read failed ({_describe(exc)}); showing {what}",
-        )
+        gpus = {gpu.index: gpu.name for gpu in self._gpus}
+        return self._last_good.serve(self.backend, gpus, trees, _describe(exc))
 
     def close(self) -> None:
         """Shut NVML down, once; later calls do nothing."""
@@ -277,22 +256,6 @@ class NvmlProbe:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError as exc:
                 log.warning("nvmlShutdown failed: %s", _describe(exc))
-
-
-def _instances(
-    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, Mapping[int, int]]
-) -> dict[str, InstanceMemory]:
-    # An instance with no process left holds nothing, even when the figure is a stale one.
-    out = {}
-    for key, tree in trees.items():
-        per_device = dict(device_bytes.get(key, {})) if tree.pids else {}
-        out[key] = InstanceMemory(
-            device_bytes=sum(per_device.values()),
-            host_bytes=tree.host_bytes,
-            pids=tree.pids,
-            per_device=per_device,
-        )
-    return out
 
 
 def _error_classes(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from service.domain import InstanceMemory
+
 PROC = "/proc"
 # Where /proc/PID/stat can be read directly; elsewhere psutil does the work.
 LINUX_PROC = sys.platform.startswith("linux") and os.path.isdir(PROC)
@@ -124,6 +126,25 @@ def sample_trees(
     if footprints is None:
         return {key: TreeSample(pids, host_footprint(pids)) for key, pids in trees.items()}
     return footprints.sample(trees, table)
+
+
+def instance_memory(
+    trees: Mapping[str, TreeSample], device_bytes: Mapping[str, Mapping[int, int]]
+) -> dict[str, InstanceMemory]:
+    """A GPU probe's answer per instance: its bytes on each device, its tree's host bytes.
+
+    An instance with no process left holds nothing, even when the figure is a stale one.
+    """
+    out = {}
+    for key, tree in trees.items():
+        per_device = dict(device_bytes.get(key, {})) if tree.pids else {}
+        out[key] = InstanceMemory(
+            device_bytes=sum(per_device.values()),
+            host_bytes=tree.host_bytes,
+            pids=tree.pids,
+            per_device=per_device,
+        )
+    return out
 
 
 class Footprints:

@@ -90,7 +90,7 @@ class ServerConfig(_Strict):
 
 
 class DeviceConfig(_Strict):
-    backend: Literal["auto", "nvml", "host"] = "auto"
+    backend: Literal["auto", "nvml", "amdsmi", "host"] = "auto"
     gpus: Literal["all"] | list[GpuIndex] = "all"
     budget: Size | None = None
     headroom: Size = 1024**3

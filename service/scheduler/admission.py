@@ -22,7 +22,8 @@ the same answer without applying it. It follows DESIGN section 4:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import combinations
 from typing import Any
 
 from service.domain import InstanceState, Residency
@@ -34,7 +35,7 @@ from service.scheduler.eviction import (
     eviction_block,
     set_key,
 )
-from service.scheduler.rules import ServiceRule
+from service.scheduler.rules import ServiceRule, share_of
 from service.units import format_duration, format_size
 
 
@@ -56,14 +57,50 @@ class Room:
     holds: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Place:
+# A spanning load's part on one device: (device, need there, available there).
+Span = tuple[int, int, int]
+
+
+class _OnDevices:
+    """Where a decision puts the load: one device, or every device of a span."""
+
     device: int
     available: int
+    spans: tuple[Span, ...]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(device for device, _, _ in self.spans) or (self.device,)
+
+    def needs(self, need: int) -> tuple[tuple[int, int], ...]:
+        """(device, bytes) per device: the whole ``need`` on a single device."""
+        return tuple((device, size) for device, size, _ in self.spans) or ((self.device, need),)
+
+    def where(self) -> str:
+        if not self.spans:
+            return f"device {self.device}"
+        return "devices " + ", ".join(str(device) for device in self.devices)
+
+    def figures(self, need: int) -> str:
+        """``needs X, Y available`` in words, per device for a span."""
+        if not self.spans:
+            return f"needs {format_size(need)}, {format_size(self.available)} available"
+        parts = ", ".join(
+            f"{format_size(size)} of {format_size(room)} available on device {device}"
+            for device, size, room in self.spans
+        )
+        return f"needs {format_size(need)}: {parts}"
 
 
 @dataclass(frozen=True, slots=True)
-class Evict:
+class Place(_OnDevices):
+    device: int
+    available: int
+    spans: tuple[Span, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Evict(_OnDevices):
     """Stop ``victims`` and claim ``claimed`` (already stopping); start when all are gone."""
 
     device: int
@@ -71,6 +108,7 @@ class Evict:
     deficit: int
     victims: tuple[Resident, ...]
     claimed: tuple[Resident, ...]
+    spans: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +217,11 @@ Decision = Place | Evict | Wait | Refuse
 
 def decide(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Decision:
     """Admission of a load of ``rule.name`` needing ``need`` bytes (steps 1-4 above)."""
+    if rule.span > 1:
+        return _decide_span(rule, need, rooms, now)
     fitting = [room for room in rooms if need <= room.available]
     if fitting:
-        best = max(fitting, key=lambda room: (room.available - need, -room.device))
+        best = min(fitting, key=lambda room: (room.available - need, room.device))
         return Place(best.device, best.available)
     offers = {room.device: max_offer(room) for room in rooms}
     if all(need > offers[room.device] for room in rooms):
@@ -239,6 +279,100 @@ def _plan_on(rule: ServiceRule, need: int, room: Room, now: float) -> Evict | No
     return Evict(room.device, room.available, deficit, victims, tuple(claimed))
 
 
+def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Decision:
+    """``decide`` for a load that spans ``rule.span`` devices at once (``span: N``).
+
+    Every set of ``span`` candidate devices is a candidate placement; device i of a set
+    (lowest index first, the order ``CUDA_VISIBLE_DEVICES`` lists them in) takes share i
+    of the need. The same steps as one device, per set: it can never fit when no set
+    could offer every device its share; it fits when every device has room (best fit:
+    the set with the least room left over); else the set whose victims are fewest and
+    best, each device's deficit covered by victims on that device; else it waits.
+    """
+    span = rule.span
+    ordered = sorted(rooms, key=lambda room: room.device)
+    if len(ordered) < span:
+        devices = [room.device for room in ordered]
+        message = (
+            f"{rule.name} spans {span} devices but may use {len(ordered)}: {devices or 'none'}"
+        )
+        return Refuse(message, {"need": need, "span": span, "devices": devices})
+    shares = [share_of(need, rule.shares, i) for i in range(span)]
+    sets = list(combinations(ordered, span))
+    fitting = [rs for rs in sets if all(n <= r.available for r, n in zip(rs, shares, strict=True))]
+    if fitting:
+        best = min(
+            fitting,
+            key=lambda rs: (
+                sum(r.available - n for r, n in zip(rs, shares, strict=True)),
+                tuple(r.device for r in rs),
+            ),
+        )
+        spans = tuple((r.device, n, r.available) for r, n in zip(best, shares, strict=True))
+        return Place(best[0].device, best[0].available, spans)
+    offers = {room.device: max_offer(room) for room in ordered}
+    possible = [
+        rs for rs in sets if all(n <= offers[r.device] for r, n in zip(rs, shares, strict=True))
+    ]
+    if not possible:
+        per_device = ", ".join(format_size(n) for n in shares)
+        return _refusal(rule, need, ordered, offers, f" ({per_device} on {span} devices)")
+    options: list[tuple[tuple[int, SetKey, int, tuple[int, ...]], Evict]] = []
+    for rs in possible:
+        plan = _plan_span(rule, rs, shares, now)
+        if plan is not None:
+            freed = sum(v.charge for v in (*plan.victims, *plan.claimed))
+            rank = (len(plan.victims), set_key(plan.victims), plan.deficit - freed, plan.devices)
+            options.append((rank, plan))
+    if not options:
+        useful = {r.device: r for rs in possible for r in rs}
+        return _wait(rule, need, [useful[d] for d in sorted(useful)], now)
+    return min(options, key=lambda option: option[0])[1]
+
+
+def _plan_span(
+    rule: ServiceRule, rooms: Sequence[Room], shares: Sequence[int], now: float
+) -> Evict | None:
+    """Victims on each device of one set, or None if some device cannot be covered now.
+
+    Devices are planned in order, and a victim chosen on one device frees its share on
+    the later ones too, so an instance spanning both is not counted twice.
+    """
+    victims: dict[str, Resident] = {}
+    claimed: dict[str, Resident] = {}
+    spans: list[Span] = []
+    deficit = 0
+    for room, size in zip(rooms, shares, strict=True):
+        chosen = {name for name in (*victims, *claimed)}
+        freed = sum(r.charge for r in room.residents if r.name in chosen)
+        spans.append((room.device, size, room.available))
+        if size <= room.available + freed:
+            continue
+        rest = replace(
+            room,
+            available=room.available + freed,
+            residents=tuple(r for r in room.residents if r.name not in chosen),
+        )
+        plan = _plan_on(rule, size, rest, now)
+        if plan is None:
+            return None
+        deficit += plan.deficit
+        for r in room.residents:  # this device's charges are what it frees here
+            if r.name in {v.name for v in plan.victims}:
+                victims.setdefault(r.name, r)
+            elif r.name in {c.name for c in plan.claimed}:
+                claimed.setdefault(r.name, r)
+    first = rooms[0]
+    return Evict(
+        first.device,
+        first.available,
+        deficit,
+        tuple(sorted(victims.values(), key=lambda r: r.name)),
+        tuple(sorted(claimed.values(), key=lambda r: r.name)),
+        tuple(spans),
+    )
+
+
 def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holder, ...]:
     """What keeps memory from ``rule``'s load on ``rooms`` now, largest first."""
     out: list[Holder] = []
@@ -285,7 +419,13 @@ def _wait(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Wa
     return Wait(need, {room.device: room.available for room in rooms}, holders(rule, rooms, now))
 
 
-def _refusal(rule: ServiceRule, need: int, rooms: Sequence[Room], offers: dict[int, int]) -> Refuse:
+def _refusal(
+    rule: ServiceRule,
+    need: int,
+    rooms: Sequence[Room],
+    offers: dict[int, int],
+    needs: str = "",
+) -> Refuse:
     parts: list[str] = []
     devices: list[dict[str, Any]] = []
     for room in rooms:
@@ -316,5 +456,5 @@ def _refusal(rule: ServiceRule, need: int, rooms: Sequence[Room], offers: dict[i
                 "budget_limit": limit,
             }
         )
-    message = f"{rule.name} needs {format_size(need)} but " + "; ".join(parts)
+    message = f"{rule.name} needs {format_size(need)}{needs} but " + "; ".join(parts)
     return Refuse(message, {"need": need, "devices": devices})

@@ -84,41 +84,44 @@ class Book:
         other = self.services.get(victim)
         return other is not None and other.resident and other.claimed_by == svc.name
 
-    def hold(self, svc: ServiceState) -> int:
-        """Bytes a waiting load keeps from others: its need less its victims' charges.
+    def hold(self, svc: ServiceState, device: int) -> int:
+        """Bytes a waiting load keeps from others on ``device``: its need there less its
+        victims' charges there.
 
         While the victims are resident their charges still count, so the hold is only
         the part of the need that is free already; once they are gone it is all of it.
         """
         plan = svc.plan
-        if plan is None:
+        if plan is None or device not in plan.devices:
             return 0
-        pending = sum(self.services[v].charge for v in plan.victims if self.claimed(svc, v))
-        return max(0, svc.expected_peak - pending)
+        pending = sum(
+            self.services[v].charge_on(device) for v in plan.victims if self.claimed(svc, v)
+        )
+        return max(0, plan.need_on(device) - pending)
+
+    def holds(self, device: int, *, but: str | None = None) -> tuple[tuple[str, int], ...]:
+        """(service, bytes) of every waiting load's hold on ``device``, ``but`` one."""
+        return tuple(
+            (s.name, self.hold(s, device))
+            for s in sorted(self.services.values(), key=lambda s: s.name)
+            if s.plan is not None and device in s.plan.devices and s.name != but
+        )
 
     def held(self, device: int, *, but: str | None = None) -> int:
-        return sum(
-            self.hold(s)
-            for s in self.services.values()
-            if s.plan is not None and s.plan.device == device and s.name != but
-        )
+        return sum(size for _, size in self.holds(device, but=but))
 
     def holdings(self, device: int) -> list[Holding]:
         return [
-            Holding(s.name, s.charge, s.measured)
+            Holding(s.name, s.charge_on(device), s.measured_at(device))
             for s in sorted(self.services.values(), key=lambda s: s.name)
-            if s.resident and s.device == device
+            if s.on(device)
         ]
 
     def room(self, device: int, svc: ServiceState) -> Room:
         """``device`` as ``svc``'s admission sees it (other loads' holds deducted)."""
         reading = self.ledger.reading(device)
         assert reading is not None, "only sampled devices are candidates"
-        holds = tuple(
-            (s.name, self.hold(s))
-            for s in sorted(self.services.values(), key=lambda s: s.name)
-            if s.plan is not None and s.plan.device == device and s.name != svc.name
-        )
+        holds = self.holds(device, but=svc.name)
         held = sum(size for _, size in holds)
         return Room(
             device=device,
@@ -131,9 +134,9 @@ class Book:
             headroom=self.ledger.rule.headroom,
             budget_limit=self.ledger.rule.budget_limit,
             residents=tuple(
-                s.snapshot()
+                s.snapshot(device)
                 for s in sorted(self.services.values(), key=lambda s: s.name)
-                if s.resident and s.device == device
+                if s.on(device)
             ),
         )
 
@@ -183,11 +186,13 @@ class Book:
 
     def release(self, svc: ServiceState) -> None:
         """The instance is gone: its memory is free now, even before the next sample."""
-        if svc.resident and svc.device is not None:
-            self.ledger.release(svc.device, svc.measured)
+        if svc.resident:
+            for device in svc.devices:
+                self.ledger.release(device, svc.measured_at(device))
         self.drop_in_flight(svc)
-        svc.device = None
+        svc.devices = ()
         svc.measured = 0
+        svc.measured_by_device = {}
         svc.started_at = None
         svc.drain_deadline = None
         svc.claimed_by = None

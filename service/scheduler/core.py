@@ -158,7 +158,8 @@ class Scheduler:
                 book.ledger.sample(event.devices)
                 for svc in book.services.values():
                     if svc.resident:
-                        svc.measured = event.footprints.get(svc.name, 0)
+                        by_device = event.per_device.get(svc.name, {})
+                        svc.take_sample(event.footprints.get(svc.name, 0), by_device)
             case Tick():
                 self._on_tick()
             case WindowChanged():
@@ -294,11 +295,11 @@ class Scheduler:
         svc = book.services.get(event.service)
         if svc is None or not svc.resident:
             return
-        device = svc.device
+        devices = svc.devices
         book.release(svc)
         svc.state = S.STOPPED
         svc.restart_pending = False
-        svc.asleep_on, svc.asleep_since = device, book.now
+        svc.asleep_on, svc.asleep_since = devices, book.now
         if svc.removed:
             book.stop_sleeper(svc, "removed from the policy")
             book.forget(svc)
@@ -383,14 +384,14 @@ class Scheduler:
     def _on_make_room(self, event: MakeRoom) -> None:
         book = self._book
         svc = book.services.get(event.service)
-        if svc is None or svc.device is None or not svc.resident:
+        if svc is None or not svc.devices or not svc.resident:
             return
         victims = [
             other
             for other in book.ordered()
             if other.name != svc.name
             and other.resident
-            and other.device == svc.device
+            and set(other.devices) & set(svc.devices)
             and other.state in (S.READY, S.STARTING)
             and eviction_block(svc.rule, other.snapshot(), book.now) in (None, Block.BATCH)
         ]
@@ -403,8 +404,9 @@ class Scheduler:
             svc.name,
             "evict",
             f"{event.reason}: evicting everything {svc.name} may evict on device "
-            f"{svc.device} before its retry: {', '.join(names)}",
+            f"{', '.join(map(str, svc.devices))} before its retry: {', '.join(names)}",
             device=svc.device,
+            devices=list(svc.devices),
             victims=names,
         )
         for victim in victims:

@@ -88,6 +88,8 @@ class MemorySampled:
 
     devices: tuple[DeviceReading, ...]
     footprints: Mapping[str, int] = field(default_factory=dict)
+    # Service -> device -> bytes, for instances that span devices (the rest need none).
+    per_device: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,8 @@ class Explanation:
     holders: tuple[dict[str, Any], ...] = ()
     behind: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    # Every device of a spanning service's placement (``device`` is the first).
+    devices: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,7 @@ class Explanation:
             "message": self.message,
             "need_bytes": self.need,
             "device": self.device,
+            "devices": list(self.devices or ((self.device,) if self.device is not None else ())),
             "available_bytes": {str(d): a for d, a in self.available.items()},
             "victims": list(self.victims),
             "holders": list(self.holders),
@@ -71,8 +74,9 @@ def explain(book: Book, name: str, now: float) -> Explanation:
         return Explanation(name, "window_closed", message, need, data=data)
     if svc.plan is not None:
         victims = ", ".join(sorted(svc.plan.victims))
-        message = f"{name} is loading on device {svc.plan.device} once {victims} have stopped"
-        return Explanation(name, "evicting", message, need, device=svc.plan.device)
+        plan = svc.plan
+        message = f"{name} is loading on {plan.where()} once {victims} have stopped"
+        return Explanation(name, "evicting", message, need, plan.device, devices=plan.devices)
     devices = candidates(book, svc.rule)
     if not book.ledger.devices():
         return Explanation(name, "wait", f"{name} would wait for the first memory sample", need)
@@ -89,12 +93,18 @@ def explain(book: Book, name: str, now: float) -> Explanation:
     match decision:
         case Place():
             budget = book.ledger.budget(decision.device)
-            message = (
-                f"{name} fits on device {decision.device}: needs {format_size(need)}, "
-                f"{format_size(decision.available)} available of a {format_size(budget)} budget"
-            )
+            message = f"{name} fits on {decision.where()}: {decision.figures(need)}"
+            if not decision.spans:
+                message += f" of a {format_size(budget)} budget"
             return Explanation(
-                name, "fits", message, need, decision.device, available, data={"budget": budget}
+                name,
+                "fits",
+                message,
+                need,
+                decision.device,
+                available,
+                data={"budget": budget},
+                devices=decision.devices,
             )
         case Evict():
             return _evict(name, need, decision, available)
@@ -115,12 +125,13 @@ def explain(book: Book, name: str, now: float) -> Explanation:
 
 
 def _resident(svc: ServiceState, need: int) -> Explanation:
-    where = f"on device {svc.device}"
+    devices = svc.devices
+    where = f"on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}"
     if svc.state in (S.DRAINING, S.STOPPING):
         message = f"{svc.name} is {svc.state.value} {where} ({svc.stop_reason})"
-        return Explanation(svc.name, "stopping", message, need, svc.device)
+        return Explanation(svc.name, "stopping", message, need, svc.device, devices=devices)
     message = f"{svc.name} is {svc.state.value} {where}, charged {format_size(svc.charge)}"
-    return Explanation(svc.name, "loaded", message, need, svc.device)
+    return Explanation(svc.name, "loaded", message, need, svc.device, devices=devices)
 
 
 def _evict(name: str, need: int, decision: Evict, available: dict[int, int]) -> Explanation:
@@ -136,11 +147,17 @@ def _evict(name: str, need: int, decision: Evict, available: dict[int, int]) -> 
         for v in (*decision.victims, *decision.claimed)
     )
     names = ", ".join(v.name for v in (*decision.victims, *decision.claimed))
-    message = (
-        f"{name} would evict {names} on device {decision.device}: needs {format_size(need)}, "
-        f"{format_size(decision.available)} available"
+    message = f"{name} would evict {names} on {decision.where()}: {decision.figures(need)}"
+    return Explanation(
+        name,
+        "evict",
+        message,
+        need,
+        decision.device,
+        available,
+        victims=victims,
+        devices=decision.devices,
     )
-    return Explanation(name, "evict", message, need, decision.device, available, victims=victims)
 
 
 def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:

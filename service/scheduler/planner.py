@@ -15,7 +15,7 @@ from service.scheduler import actions as act
 from service.scheduler.actions import Start
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
-from service.scheduler.rules import ServiceRule
+from service.scheduler.rules import ServiceRule, share_of
 from service.scheduler.state import Plan, ServiceState
 from service.units import format_size
 
@@ -102,7 +102,7 @@ def admit(book: Book, svc: ServiceState) -> None:
     decision = decide(rule, need, [book.room(d, svc) for d in devices], book.now)
     match decision:
         case Place():
-            _start(book, svc, decision.device, need, decision.available)
+            _start(book, svc, decision, need)
         case Evict():
             _evict(book, svc, decision, need)
         case Wait():
@@ -157,16 +157,18 @@ def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
     book.note(svc.name, "wait", wait.message(svc.name, book.now), **data)
 
 
-def _start(book: Book, svc: ServiceState, device: int, need: int, available: int) -> None:
-    budget = book.ledger.budget(device)
+def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
+    devices = place.devices
+    budget = book.ledger.budget(place.device)
     book.note(
         svc.name,
         "admit",
-        f"{svc.name} fits on device {device}: needs {format_size(need)}, "
-        f"{format_size(available)} available of a {format_size(budget)} budget",
-        device=device,
+        f"{svc.name} fits on {place.where()}: {place.figures(need)}"
+        + (f" of a {format_size(budget)} budget" if len(devices) == 1 else ""),
+        device=place.device,
+        devices=list(devices),
         need=need,
-        available=available,
+        available=place.available,
         budget=budget,
     )
     if svc.load_intent is not None:
@@ -175,12 +177,14 @@ def _start(book: Book, svc: ServiceState, device: int, need: int, available: int
         reason = f"{len(svc.queue)} request(s) waiting"
     else:
         reason = str(svc.rule.residency)
-    wake = svc.asleep_on == device
-    book.out.append(Start(svc.name, device, reason, wake=wake))
+    wake = svc.asleep_on == devices
+    spans = devices if len(devices) > 1 else ()
+    book.out.append(Start(svc.name, place.device, reason, wake=wake, spans=spans))
     svc.asleep_on = svc.asleep_since = None
     svc.state = S.STARTING
-    svc.device = device
+    svc.devices = devices
     svc.measured = 0
+    svc.measured_by_device = {}
     svc.started_at = book.now
     svc.loaded_for = frozenset(w.request_id for w in svc.queue)
     svc.load_intent = None
@@ -192,7 +196,7 @@ def _start(book: Book, svc: ServiceState, device: int, need: int, available: int
 def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     """Claim every victim at once and stop the new ones together: one plan per need."""
     names = [v.name for v in (*decision.victims, *decision.claimed)]
-    svc.plan = Plan(decision.device, need, frozenset(names), book.now)
+    svc.plan = Plan(decision.needs(need), frozenset(names), book.now)
     svc.last_note = None
     svc.wait = None
     for name in names:
@@ -208,9 +212,10 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     book.note(
         svc.name,
         "evict" if decision.victims else "wait",
-        f"{svc.name} (priority {svc.rule.priority}) needs {format_size(need)} on device "
-        f"{decision.device}, {format_size(decision.available)} available: " + "; ".join(parts),
+        f"{svc.name} (priority {svc.rule.priority}) {_needs_on(decision, need)}: "
+        + "; ".join(parts),
         device=decision.device,
+        devices=list(decision.devices),
         need=need,
         available=decision.available,
         deficit=decision.deficit,
@@ -220,6 +225,15 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     reason = f"evicted for {svc.name} (priority {svc.rule.priority}, needs {format_size(need)})"
     for victim in decision.victims:
         book.stop(book.services[victim.name], reason, sleepable=True)
+
+
+def _needs_on(decision: Evict, need: int) -> str:
+    if not decision.spans:
+        return (
+            f"needs {format_size(need)} on device {decision.device}, "
+            f"{format_size(decision.available)} available"
+        )
+    return f"on {decision.where()} {decision.figures(need)}"
 
 
 def restart(book: Book, svc: ServiceState) -> None:
@@ -232,9 +246,13 @@ def restart(book: Book, svc: ServiceState) -> None:
     """
     svc.restart_pending = False
     reason = f"restart: {svc.restart_reason or 'requested'}"
-    if book.allowed(svc) and svc.device is not None:
+    if book.allowed(svc) and svc.devices:
         svc.load_intent = reason
-        svc.plan = Plan(svc.device, svc.expected_peak, frozenset({svc.name}), book.now)
+        needs = tuple(
+            (device, share_of(svc.expected_peak, svc.rule.shares, i))
+            for i, device in enumerate(svc.devices)
+        )
+        svc.plan = Plan(needs, frozenset({svc.name}), book.now)
         svc.claimed_by = svc.name
     book.stop(svc, reason)
 
@@ -247,15 +265,18 @@ def retry(book: Book, svc: ServiceState) -> None:
     again for the wrong reason and be diagnosed as a capacity shortage.
     """
     if svc.retry_after_room and any(
-        other.going and other.device == svc.device
+        other.going and set(other.devices) & set(svc.devices)
         for other in book.services.values()
         if other.name != svc.name
     ):
         return
-    assert svc.device is not None, "a backoff keeps its reservation"
+    assert svc.devices, "a backoff keeps its reservation"
     svc.retry_at = None
     svc.retry_after_room = False
-    book.out.append(Start(svc.name, svc.device, "restart after backoff", retry=True))
+    spans = svc.devices if len(svc.devices) > 1 else ()
+    book.out.append(
+        Start(svc.name, svc.devices[0], "restart after backoff", retry=True, spans=spans)
+    )
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:

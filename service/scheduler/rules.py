@@ -9,6 +9,7 @@ about past instances: it changes the arithmetic, never the rules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.domain import Residency
@@ -23,6 +24,8 @@ class ServiceRule:
     instance never unloads for being idle. ``gpus`` None means any device the daemon uses.
     ``protect_s``: how long an idle instance keeps its memory against lower priorities
     (``math.inf``: never yields to them); None means the residency's default.
+    ``shares``: one per device an instance spans (``span: N``), each device's part of
+    its need, in device order; ``(1.0,)`` for a single-device service.
     """
 
     name: str
@@ -38,6 +41,11 @@ class ServiceRule:
     gpus: tuple[int, ...] | None = None
     preload: bool = False
     protect_s: float | None = None
+    shares: tuple[float, ...] = (1.0,)
+
+    @property
+    def span(self) -> int:
+        return len(self.shares)
 
     @property
     def protection_s(self) -> float:
@@ -76,6 +84,11 @@ def expected_peak(rule: ServiceRule, learned: Learned | None = None) -> int:
     return peak
 
 
+def share_of(total: int, shares: tuple[float, ...], index: int) -> int:
+    """Device ``index``'s part of ``total`` bytes (rounded up: never under-charged)."""
+    return total if len(shares) == 1 else math.ceil(total * shares[index])
+
+
 def rule_from_service(name: str, service: Service) -> ServiceRule:
     return ServiceRule(
         name=name,
@@ -92,6 +105,7 @@ def rule_from_service(name: str, service: Service) -> ServiceRule:
         gpus=tuple(service.gpus) if service.gpus is not None else None,
         preload=service.preload,
         protect_s=protect_seconds(service.protect, service.residency),
+        shares=service.shares,
     )
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.domain import RESIDENT_STATES, InstanceState, Residency
 from service.scheduler.admission import Wait
 from service.scheduler.eviction import Resident
-from service.scheduler.rules import Learned, ServiceRule, expected_peak
+from service.scheduler.rules import Learned, ServiceRule, expected_peak, share_of
 
 
 @dataclass(slots=True)
@@ -32,12 +33,36 @@ class Waiter:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A load waiting for its victims to stop: ``victims`` are claimed for it."""
+    """A load waiting for its victims to stop: ``victims`` are claimed for it.
 
-    device: int
-    need: int
+    ``needs``: (device, bytes) for each device the load is planned on, lowest first (one
+    pair unless the service spans several devices); ``need`` is their sum.
+    """
+
+    needs: tuple[tuple[int, int], ...]
     victims: frozenset[str]
     since: float
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(device for device, _ in self.needs)
+
+    @property
+    def device(self) -> int:
+        return self.needs[0][0]
+
+    @property
+    def need(self) -> int:
+        return sum(size for _, size in self.needs)
+
+    def need_on(self, device: int) -> int:
+        return next((size for d, size in self.needs if d == device), 0)
+
+    def where(self) -> str:
+        devices = self.devices
+        if len(devices) == 1:
+            return f"device {devices[0]}"
+        return "devices " + ", ".join(map(str, devices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +89,11 @@ class ServiceView:
     evicting: tuple[str, ...] = ()
     # How much longer a ready, idle instance keeps its memory against lower priorities.
     protected_for: float | None = None
+    # Every device the instance is on (``device`` is the first) and, per device, what it
+    # is charged and what was measured there.
+    devices: tuple[int, ...] = ()
+    charges: dict[int, int] = field(default_factory=dict)
+    measured_on: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -71,10 +101,13 @@ class ServiceState:
     rule: ServiceRule
     learned: Learned = field(default_factory=Learned)
     state: InstanceState = InstanceState.STOPPED
-    device: int | None = None
+    # The devices the instance is on (lowest first; one unless it spans several).
+    devices: tuple[int, ...] = ()
     queue: deque[Waiter] = field(default_factory=deque)
     in_flight: set[str] = field(default_factory=set)
     measured: int = 0
+    # A span instance's measured bytes per device (``measured`` is their sum).
+    measured_by_device: dict[int, int] = field(default_factory=dict)
     last_used: float | None = None
     started_at: float | None = None
     # Requests queued when the current load began: the no-thrash rule protects the
@@ -105,7 +138,7 @@ class ServiceState:
     retry_after_room: bool = False
     # A sleeper (``InstanceAsleep``): stopped to admission, its process alive on
     # ``asleep_on``. ``sleeper_stopping``: told to stop for good, not yet gone.
-    asleep_on: int | None = None
+    asleep_on: tuple[int, ...] | None = None
     asleep_since: float | None = None
     sleeper_stopping: bool = False
     # Operators waiting for an answer: ticket -> "load" | "restart" | "unload".
@@ -118,6 +151,33 @@ class ServiceState:
     @property
     def resident(self) -> bool:
         return self.state in RESIDENT_STATES
+
+    @property
+    def device(self) -> int | None:
+        """The instance's (first) device; None when it holds none."""
+        return self.devices[0] if self.devices else None
+
+    def on(self, device: int) -> bool:
+        """Whether the resident instance holds memory on ``device``."""
+        return self.resident and device in self.devices
+
+    def measured_at(self, device: int) -> int:
+        if len(self.devices) <= 1:
+            return self.measured if device in self.devices else 0
+        return self.measured_by_device.get(device, 0)
+
+    def charge_on(self, device: int) -> int:
+        """What the instance is charged on ``device``: its share of the charge there."""
+        if not self.on(device):
+            return 0
+        if len(self.devices) == 1:
+            return self.charge
+        index = self.devices.index(device)
+        return max(self.measured_at(device), share_of(self.expected_peak, self.rule.shares, index))
+
+    def take_sample(self, total: int, by_device: Mapping[int, int]) -> None:
+        self.measured = total
+        self.measured_by_device = dict(by_device) if len(self.devices) > 1 else {}
 
     @property
     def asleep(self) -> bool:
@@ -133,7 +193,11 @@ class ServiceState:
 
     @property
     def charge(self) -> int:
-        return max(self.measured, self.expected_peak) if self.resident else 0
+        if not self.resident:
+            return 0
+        if len(self.devices) > 1:
+            return sum(self.charge_on(device) for device in self.devices)
+        return max(self.measured, self.expected_peak)
 
     @property
     def idle(self) -> bool:
@@ -159,13 +223,14 @@ class ServiceState:
         """Arrival order of the load: intents (startup, operator) come before requests."""
         return self.queue[0].seq if self.queue else -1
 
-    def snapshot(self) -> Resident:
+    def snapshot(self, device: int | None = None) -> Resident:
+        """The instance as eviction sees it; on ``device``: its charge there only."""
         return Resident(
             name=self.name,
             residency=self.rule.residency,
             priority=self.rule.priority,
             state=self.state,
-            charge=self.charge,
+            charge=self.charge if device is None else self.charge_on(device),
             busy=not self.idle,
             last_used=self.last_used,
             load_s=self.learned.load_s,
@@ -179,7 +244,7 @@ class ServiceState:
     def waiting_text(self, now: float) -> str | None:
         if self.plan is not None:
             victims = ", ".join(sorted(self.plan.victims))
-            return f"{self.name} waits for {victims} to stop on device {self.plan.device}"
+            return f"{self.name} waits for {victims} to stop on {self.plan.where()}"
         if self.behind is not None:
             return f"{self.name} waits behind {self.behind}, first in line for the same memory"
         return None if self.wait is None else self.wait.message(self.name, now)
@@ -208,6 +273,9 @@ class ServiceState:
             else (),
             evicting=tuple(sorted(self.plan.victims)) if self.plan is not None else (),
             protected_for=self._protected_for(now),
+            devices=self.devices,
+            charges={device: self.charge_on(device) for device in self.devices},
+            measured_on={device: self.measured_at(device) for device in self.devices},
         )
 
     def _protected_for(self, now: float) -> float | None:

@@ -24,12 +24,13 @@ nvml.NVMLError`` and ``NVMLError(code)`` mapping to a subclass behave as in prod
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
 import pynvml
 
-from service.simgpu.state import State, StateError, StateFile
+from service.simgpu.state import ENV, State, StateError, StateFile
 
 NVMLError = pynvml.NVMLError
 NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
@@ -245,3 +246,11 @@ nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses
 nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 nvmlDeviceGetGraphicsRunningProcesses_v2 = nvmlDeviceGetGraphicsRunningProcesses
 nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
+
+
+def vramd_runtime_env() -> dict[str, str]:
+    """Not pynvml's: what a runtime needs to see these GPUs (``NvmlProbe.placement_env``
+    adds it). A real driver is reached through ``/dev/nvidia*``; this one through the
+    state file, which the runtime's minimal environment would otherwise not name."""
+    path = os.environ.get(ENV)
+    return {ENV: path} if path else {}

@@ -185,8 +185,21 @@ function forgetKey() {
 
 // ------------------------------------------------------------------ memory bar
 
+// The devices a service's instance is on: several for a ``span: N`` service.
+function devicesOf(s) {
+  return s.devices && s.devices.length ? s.devices : s.device === null ? [] : [s.device];
+}
+
+// What the service holds on one device: its share there for a span, else its footprint.
+function bytesOn(s, index) {
+  if (devicesOf(s).length > 1) return (s.device_bytes || {})[String(index)] || 0;
+  return s.footprint_bytes || 0;
+}
+
 function deviceSegments(device, services) {
-  const mine = services.filter((s) => s.device === device.index && s.pid !== null);
+  const mine = services
+    .filter((s) => s.pid !== null && devicesOf(s).includes(device.index))
+    .map((s) => ({ ...s, footprint_bytes: bytesOn(s, device.index) }));
   const charges = device.charges || {};
   const managed = mine.reduce((sum, s) => sum + (s.footprint_bytes || 0), 0);
   const total = device.total_bytes;
@@ -378,6 +391,11 @@ function updateRow(r, s) {
     const fill = el("span", { class: "meter-fill" + (ratio > 0.9 ? " hot" : "") });
     fill.style.width = `${(ratio * 100).toFixed(1)}%`;
     used.push(el("span", { class: "meter", title: `${Math.round(ratio * 100)}% of cap`, "aria-hidden": "true" }, fill));
+  }
+  const spans = devicesOf(s);
+  if (s.pid !== null && spans.length > 1) {
+    const parts = spans.map((d) => `${bytes(bytesOn(s, d))} on ${d}`).join(" · ");
+    used.push(el("span", { class: "sub muted", "data-span": spans.join(","), text: parts }));
   }
   r.cells.used.replaceChildren(...used);
   setText(r.cells.learned, bytes(s.learned_peak_bytes));
