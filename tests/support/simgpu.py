@@ -7,14 +7,12 @@
     gpus.state().used(1)
 
 ``env`` is what ``start_daemon(env=...)`` (or any process) needs to see the simulation
-(``VRAMD_SIMULATED_GPUS``). A daemon hands its runtimes only a minimal environment, so
-``policy`` also sets the variable in the policy's ``defaults.env``, where every demo
-runtime started with ``--gpu-memory`` finds it.
+(``VRAMD_SIMULATED_GPUS``). The daemon's runtimes need nothing more: the probe's
+placement environment names the state file for them, beside ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -54,13 +52,9 @@ class SimulatedGpus:
         with self.file.update() as state:
             state.errors[function] = ScriptedError(error, calls)
 
-    def policy(self, services: dict[str, dict[str, Any]], *, extra: str = "", **keys: Any) -> str:
-        """An ``nvml`` policy over the simulated GPUs; ``keys`` go to ``policy_yaml``
-        (``budget`` defaults to none: each GPU's total)."""
-        defaults = f"defaults:\n  env: {json.dumps(self.env)}\n"
-        return policy_yaml(
-            services, **{"budget": None, **keys, "backend": "nvml"}, extra=defaults + extra
-        )
+    def policy(self, services: dict[str, dict[str, Any]], **keys: Any) -> str:
+        """An ``nvml`` policy; ``keys`` go to ``policy_yaml`` (no ``budget``: each GPU's total)."""
+        return policy_yaml(services, **{"budget": None, **keys, "backend": "nvml"})
 
     @contextmanager
     def hold(self, device: int, size: str, kind: str = "compute") -> Iterator[int]:
