@@ -152,9 +152,7 @@ def test_service_gauges_and_absent_values(metrics: Metrics) -> None:
     assert value(text, "vramd_service_cap_bytes", service="embed") is None
 
 
-def test_a_spanning_service_has_one_series_per_device(
-    metrics: Metrics, status: FakeStatus
-) -> None:
+def test_a_spanning_service_has_one_series_per_device(metrics: Metrics, status: FakeStatus) -> None:
     chat = status.view["services"][0]
     chat["device_bytes"] = {"0": 300 * MiB, "1": 100 * MiB}
     chat["charge_by_device"] = {"0": 300 * MiB, "1": 225 * MiB}
