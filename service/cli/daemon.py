@@ -67,10 +67,14 @@ def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]
         cap = format_size(service.memory.cap) if service.memory.cap else "none"
         ttl = format_duration(service.idle_ttl) if service.idle_ttl else "never"
         protect = "" if service.residency.value == "pinned" else f", protect {_protect(service)}"
+        span = ""
+        if service.span > 1:
+            shares = "/".join(f"{share:g}" for share in service.shares)
+            span = f", span {service.span} ({shares} per device)"
         out.print(
             f"  {name}: {service.kind} {service.residency} priority {service.priority}, "
             f"estimate {format_size(service.memory.estimate)} cap {cap}, idle unload {ttl}"
-            f"{protect}, models {', '.join(service.models)}",
+            f"{protect}{span}, models {', '.join(service.models)}",
             markup=False,
         )
     for window in policy.maintenance.windows:
