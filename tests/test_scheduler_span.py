@@ -240,3 +240,62 @@ def test_an_uneven_split_fits_devices_of_different_sizes() -> None:
     world = World(uneven, devices={0: 1000 * MiB, 1: 1300 * MiB})
     assert started(world.request("r1", "big")) == {"big": (0, 1)}
     assert world.sched.service_view("big").charges == {0: 400 * MiB, 1: 1200 * MiB}
+
+
+def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -> None:
+    """Random boxes (devices, residents, priorities, splits): a placement fits on each of
+    its devices, an eviction covers each device's deficit with what it stops there, and
+    a refusal happens only when no set of devices could ever offer every share."""
+    from itertools import combinations
+
+    from service.domain import InstanceState
+    from service.scheduler.admission import Evict, Place, Refuse, Room, decide, max_offer
+    from service.scheduler.eviction import Resident
+    from service.scheduler.rules import share_of
+
+    rng = __import__("random").Random(20261201)
+    for _ in range(400):
+        ndev = rng.randint(1, 5)
+        span = rng.randint(2, 4)
+        cut = rng.uniform(0.2, 0.8)
+        shares = (0.5, 0.5) if span == 2 and rng.random() < 0.5 else (1.0 / span,) * span
+        if span == 2 and rng.random() < 0.3:
+            shares = (cut, 1.0 - cut)
+        r = rule("big", rng.randint(200, 4000), shares=shares)
+        rooms = []
+        for d in range(ndev):
+            residents = tuple(
+                Resident(
+                    name=f"s{d}{i}",
+                    residency=rng.choice(list(Residency)),
+                    priority=rng.choice([50, 100, 200]),
+                    state=InstanceState.READY,
+                    charge=rng.randint(1, 8) * 128 * MiB,
+                    busy=rng.random() < 0.3,
+                    last_used=0.0,
+                )
+                for i in range(rng.randint(0, 3))
+            )
+            budget = rng.randint(1, 12) * 256 * MiB
+            available = budget - sum(x.charge for x in residents)
+            rooms.append(Room(d, available, budget, 0, budget, 0, 0, None, residents=residents))
+        need = r.estimate
+        decision = decide(r, need, rooms, 1000.0)
+        sizes = [share_of(need, shares, i) for i in range(span)]
+        by_device = {room.device: room for room in rooms}
+        if isinstance(decision, Place):
+            assert len(decision.devices) == span
+            for (device, size, _), want in zip(decision.spans, sizes, strict=True):
+                assert size == want <= by_device[device].available
+        elif isinstance(decision, Evict):
+            stopped = {v.name for v in (*decision.victims, *decision.claimed)}
+            for device, size, _ in decision.spans:
+                room = by_device[device]
+                freed = sum(x.charge for x in room.residents if x.name in stopped)
+                assert room.available + freed >= size
+                assert not any(
+                    x.residency is Residency.PINNED for x in room.residents if x.name in stopped
+                )
+        elif isinstance(decision, Refuse):
+            for rs in combinations(rooms, span):
+                assert any(n > max_offer(x) for x, n in zip(rs, sizes, strict=True))

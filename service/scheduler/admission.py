@@ -318,8 +318,9 @@ def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float
         per_device = ", ".join(format_size(n) for n in shares)
         return _refusal(rule, need, ordered, offers, f" ({per_device} on {span} devices)")
     options: list[tuple[tuple[int, SetKey, int, tuple[int, ...]], Evict]] = []
+    plans: dict[tuple[int, int], Evict | None] = {}  # one device's plan, shared by sets
     for rs in possible:
-        plan = _plan_span(rule, rs, shares, now)
+        plan = _plan_span(rule, rs, shares, now, plans)
         if plan is not None:
             freed = sum(v.charge for v in (*plan.victims, *plan.claimed))
             rank = (len(plan.victims), set_key(plan.victims), plan.deficit - freed, plan.devices)
@@ -331,12 +332,18 @@ def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float
 
 
 def _plan_span(
-    rule: ServiceRule, rooms: Sequence[Room], shares: Sequence[int], now: float
+    rule: ServiceRule,
+    rooms: Sequence[Room],
+    shares: Sequence[int],
+    now: float,
+    plans: dict[tuple[int, int], Evict | None],
 ) -> Evict | None:
     """Victims on each device of one set, or None if some device cannot be covered now.
 
     Devices are planned in order, and a victim chosen on one device frees its share on
-    the later ones too, so an instance spanning both is not counted twice.
+    the later ones too, so an instance spanning both is not counted twice. A device's
+    plan for a share, with nothing freed there by the set's earlier devices, is the same
+    in every set: ``plans`` keeps it (eight GPUs have 70 sets of four).
     """
     victims: dict[str, Resident] = {}
     claimed: dict[str, Resident] = {}
@@ -348,12 +355,18 @@ def _plan_span(
         spans.append((room.device, size, room.available))
         if size <= room.available + freed:
             continue
-        rest = replace(
-            room,
-            available=room.available + freed,
-            residents=tuple(r for r in room.residents if r.name not in chosen),
-        )
-        plan = _plan_on(rule, size, rest, now)
+        if freed == 0 and not any(r.name in chosen for r in room.residents):
+            key = (room.device, size)
+            if key not in plans:
+                plans[key] = _plan_on(rule, size, room, now)
+            plan = plans[key]
+        else:
+            rest = replace(
+                room,
+                available=room.available + freed,
+                residents=tuple(r for r in room.residents if r.name not in chosen),
+            )
+            plan = _plan_on(rule, size, rest, now)
         if plan is None:
             return None
         deficit += plan.deficit
