@@ -19,8 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.daemon import REPO_ROOT, Daemon, running_daemon
+from support.daemon import REPO_ROOT, Daemon, running_daemon
 
 MiB = 1024**2
 DEMO = '["${PYTHON}", "-m", "service.demo_runtime", "--port", "${PORT}", "--model", "${MODEL}"'

@@ -3,7 +3,7 @@
 Waiting instead of refusing, ``protect``, drained restarts under steady traffic (a cap,
 a window, an operator), one request bound for cold and warm services, and the
 explanation of what a load would do -- each against real processes holding real memory
-on the host backend.
+on the host backend; the waiting and protection scenarios on a simulated GPU too.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.daemon import REPO_ROOT, VRAMD, Daemon, demo_command, policy_yaml, running_daemon
+from support.simgpu import SimulatedGpus, simulated_gpus
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +59,38 @@ def two_services(hi: dict[str, object], lo: dict[str, object]) -> str:
     return policy_yaml({"hi": hi, "lo": lo}, budget="500MiB")
 
 
+@dataclass
+class Box:
+    """Where the two services hold their memory: host RAM under a 500 MiB budget, or a
+    simulated 500 MiB GPU (``backend: nvml``), the same arithmetic either way."""
+
+    gpus: SimulatedGpus | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.gpus.env if self.gpus else {}
+
+    def on_device(self, spec: dict[str, object]) -> dict[str, object]:
+        """``spec`` with its runtime's 230 MiB held where this box measures."""
+        if self.gpus is None:
+            return spec
+        command = [a if a != "230MiB" else "10MiB" for a in spec["command"]]  # type: ignore[attr-defined]
+        return {**spec, "command": [*command, "--gpu-memory", "230MiB"]}
+
+    def two_services(self, hi: dict[str, object], lo: dict[str, object]) -> str:
+        services = {"hi": self.on_device(hi), "lo": self.on_device(lo)}
+        if self.gpus is None:
+            return policy_yaml(services, budget="500MiB")
+        return self.gpus.policy(services)
+
+
+@pytest.fixture(params=["host", "nvml"])
+def box(request: pytest.FixtureRequest, tmp_path: Path) -> Box:
+    if request.param == "host":
+        return Box()
+    return Box(simulated_gpus(tmp_path, "500MiB", release_lag=0.2))
+
+
 HI = service(
     "230MiB",
     models=["hi"],
@@ -76,9 +110,9 @@ LO = service(
 
 
 def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_lapses(
-    tmp_path: Path,
+    tmp_path: Path, box: Box
 ) -> None:
-    with running_daemon(two_services(HI, LO), tmp_path) as daemon:
+    with running_daemon(box.two_services(HI, LO), tmp_path, env=box.env) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         assert ask(daemon, "hi").status_code == 200  # hi used now: protected for 3 s
         explained = daemon.get("/api/services/lo/admission").json()
@@ -100,10 +134,12 @@ def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_la
         assert daemon.service("hi")["state"] == "stopped"  # evicted, not refused
 
 
-def test_a_request_that_outwaits_its_queue_timeout_names_the_holder(tmp_path: Path) -> None:
+def test_a_request_that_outwaits_its_queue_timeout_names_the_holder(
+    tmp_path: Path, box: Box
+) -> None:
     hi = {**HI, "protect": "10m"}
     lo = {**LO, "queue": {"max": 4, "timeout": "1s"}}
-    with running_daemon(two_services(hi, lo), tmp_path) as daemon:
+    with running_daemon(box.two_services(hi, lo), tmp_path, env=box.env) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         response = ask(daemon, "lo")
         assert response.status_code == 503
