@@ -197,7 +197,9 @@ class Doctor:
             name: {
                 "state": other.instance.state.value,
                 "device": other.device,
+                "devices": list(other.devices),
                 "device_bytes": other.footprint,
+                "bytes_by_device": {str(d): b for d, b in sorted(other.device_bytes.items())},
                 "host_bytes": other.host_bytes,
                 "peak_bytes": other.peak,
             }
@@ -230,8 +232,10 @@ class Doctor:
             )
 
     def _device_free(self, rt: ServiceRuntime) -> int:
+        """Free memory where the instance runs; across a span, the least of its devices
+        (the out-of-memory may have been on any: "free memory was there" must hold on
+        each before it can be called fragmentation)."""
         reading = self._last.reading
-        for device in reading.devices if reading else ():
-            if device.index == (rt.device or 0):
-                return device.free
-        return 0
+        devices = rt.devices or (rt.device or 0,)
+        free = [d.free for d in (reading.devices if reading else ()) if d.index in devices]
+        return min(free, default=0)
