@@ -299,3 +299,15 @@ def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -
         elif isinstance(decision, Refuse):
             for rs in combinations(rooms, span):
                 assert any(n > max_offer(x) for x, n in zip(rs, sizes, strict=True))
+
+
+def test_explain_says_which_devices_a_span_would_take_and_what_it_would_evict() -> None:
+    world = World(rule("a", 600, gpus=(0,)), span2(), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    fits = world.sched.explain("big")
+    assert (fits.verdict, fits.devices) == ("fits", (0, 1))
+    assert fits.message.startswith("big fits on devices 0, 1: needs 1.6GiB: 800MiB of")
+    world.serve("a")
+    evicts = world.sched.explain("big")
+    assert (evicts.verdict, evicts.devices) == ("evict", (0, 1))
+    assert "big would evict a on devices 0, 1" in evicts.message
+    assert evicts.as_dict()["devices"] == [0, 1]
