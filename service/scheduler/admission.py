@@ -350,7 +350,7 @@ def _plan_span(
     spans: list[Span] = []
     deficit = 0
     for room, size in zip(rooms, shares, strict=True):
-        chosen = {name for name in (*victims, *claimed)}
+        chosen = set(victims) | set(claimed)
         freed = sum(r.charge for r in room.residents if r.name in chosen)
         spans.append((room.device, size, room.available))
         if size <= room.available + freed:
