@@ -23,18 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import REPO_ROOT, Daemon, demo_command, running_daemon
+from support.daemon import FAST_CREEP, REPO_ROOT, Daemon, demo_command, running_daemon
 from support.simgpu import simulated_gpus
 
 pytestmark = pytest.mark.slow
 
 MiB, GiB = 2**20, 2**30
 CONTEXT = 16 * MiB  # what each simulated CUDA context costs (simulated_gpus' default)
-FAST_CREEP = {
-    "VRAMD_CREEP_MIN_AGE_S": "1",
-    "VRAMD_CREEP_MIN_REQUESTS": "10",
-    "VRAMD_CREEP_MIN_SAMPLES": "10",
-}
 
 
 def service(gpu_memory: str, *extra: str, **keys: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from support.daemon import (
+    FAST_CREEP,
     Daemon,
     demo_command,
     policy_yaml,
@@ -29,11 +30,6 @@ from support.simgpu import SimulatedGpus, simulated_gpus
 pytestmark = pytest.mark.slow
 
 MiB = 2**20
-FAST_CREEP = {
-    "VRAMD_CREEP_MIN_AGE_S": "1",
-    "VRAMD_CREEP_MIN_REQUESTS": "10",
-    "VRAMD_CREEP_MIN_SAMPLES": "10",
-}
 
 
 def chat(held: str, *extra: str, **keys: object) -> dict[str, object]:

@@ -31,6 +31,12 @@ from .ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VRAMD = [sys.executable, "-m", "service.cli"]
+# Creep detection's warm-up shortened, so a test sees a leak flagged within seconds.
+FAST_CREEP = {
+    "VRAMD_CREEP_MIN_AGE_S": "1",
+    "VRAMD_CREEP_MIN_REQUESTS": "10",
+    "VRAMD_CREEP_MIN_SAMPLES": "10",
+}
 
 
 def demo_command(
