@@ -12,6 +12,10 @@ Per run (and per priority class and per service, for the request figures):
 - ``served_past_timeout``: served requests that had waited longer than their service's
   ``queue.timeout`` for a slot: a vramd client would have had a 503 ``queue_timeout``
   instead (the baselines do not time out their queues).
+- ``served_within_timeout``: the others, served after waiting no longer than their
+  service's ``queue.timeout`` (the same 1 ns tolerance): the headline figure, the one
+  that counts a baseline's request as served only where vramd would have served it;
+  ``share_within_timeout``: that over ``requests`` (None for none).
 - ``slo_attainment``: the fraction of *all* requests served within
   ``5 x duration_s + load_s`` of their service (its load time counted once);
   refused and failed requests miss it.
@@ -19,9 +23,17 @@ Per run (and per priority class and per service, for the request figures):
   ``cold_requests``: served requests that waited for a load (the runtime that served
   them became ready after they arrived);
   ``gb_loaded``: GiB of true peaks those loads brought in.
-- ``oom_loads``: loads that ran out of memory on the device.
+- ``oom_loads``: loads that ran out of memory on the device;
+  ``oom_loads_after_ready``: those of a service that had already been ready once in the
+  run, so its true peak had been measured (vramd's ``no-oom`` target allows an
+  out-of-memory load only while a peak is still being learned).
 - ``mem_avg_fraction``: memory really held, averaged over the trace (0 to its last
-  arrival), as a fraction of ``plan_bytes`` (what vramd hands out on this device).
+  arrival), as a fraction of ``plan_bytes`` over every device (what vramd hands out).
+
+``by_priority`` and ``by_service`` hold the request figures per priority class and per
+service (``by_service`` adds ``cold_starts`` and ``oom_loads``); ``by_priority_unpinned``
+holds them per priority over the services that are not pinned (the ``top-p99`` target's
+set: a percentile of a union cannot be rebuilt from per-service percentiles).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from typing import Any
 
 from bench.sim.setup import GIB, Setup
 from bench.sim.trace import TraceRequest
+from service.domain import Residency
 
 SLO_FACTOR = 5.0
 
@@ -48,6 +61,8 @@ REQUEST_KEYS = (
     "latency_s",
     "queue_s",
     "served_past_timeout",
+    "served_within_timeout",
+    "share_within_timeout",
     "slo_attainment",
 )
 RUN_KEYS = (
@@ -56,9 +71,11 @@ RUN_KEYS = (
     "cold_requests",
     "gb_loaded",
     "oom_loads",
+    "oom_loads_after_ready",
     "evictions",
     "mem_avg_fraction",
     "by_priority",
+    "by_priority_unpinned",
     "by_service",
 )
 
@@ -98,6 +115,9 @@ class Recorder:
         self.loads = 0
         self.loads_by_service: dict[str, int] = {}
         self.oom_loads = 0
+        self.oom_by_service: dict[str, int] = {}
+        self.oom_loads_after_ready = 0
+        self.ready_once: set[str] = set()
         self.bytes_loaded = 0
         self.evictions = 0
         self.events: list[dict[str, Any]] = []
@@ -136,8 +156,15 @@ class Recorder:
         self.bytes_loaded += self.setup.services[service].bench.true_peak
         self.event(now, "load", service, **data)
 
+    def ready(self, service: str) -> None:
+        """A load of ``service`` finished: from now on its true peak has been seen."""
+        self.ready_once.add(service)
+
     def oom(self, service: str, now: float) -> None:
         self.oom_loads += 1
+        self.oom_by_service[service] = self.oom_by_service.get(service, 0) + 1
+        if service in self.ready_once:
+            self.oom_loads_after_ready += 1
         self.event(now, "oom", service)
 
     def evicted(self, victims: Iterable[str], now: float, *, for_service: str | None) -> None:
@@ -159,18 +186,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def _past_timeout(r: RequestRecord, setup: Setup) -> bool:
+    return (
+        r.service is not None
+        and r.queued is not None
+        and r.queued > setup.rules[r.service].queue_timeout_s + 1e-9
+    )
+
+
 def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str, Any]:
     served = [r for r in records if r.outcome == "served"]
     latencies = [r.latency for r in served if r.latency is not None]
     queued = [r.queued for r in served if r.queued is not None]
     refused = Counter(r.code or "?" for r in records if r.outcome == "refused")
-    late = sum(
-        1
-        for r in served
-        if r.service is not None
-        and r.queued is not None
-        and r.queued > setup.rules[r.service].queue_timeout_s + 1e-9
-    )
+    late = sum(1 for r in served if _past_timeout(r, setup))
     met = 0
     for r in served:
         load_s = setup.services[r.service].bench.load_s if r.service else 0.0
@@ -187,6 +216,8 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
         "latency_s": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
         "queue_s": {"p50": percentile(queued, 0.5), "p99": percentile(queued, 0.99)},
         "served_past_timeout": late,
+        "served_within_timeout": len(served) - late,
+        "share_within_timeout": (len(served) - late) / len(records) if records else None,
         "slo_attainment": met / len(records) if records else None,
     }
 
@@ -199,6 +230,7 @@ def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str
     out["cold_requests"] = sum(1 for r in records if r.cold and r.outcome == "served")
     out["gb_loaded"] = round(rec.bytes_loaded / GIB, 3)
     out["oom_loads"] = rec.oom_loads
+    out["oom_loads_after_ready"] = rec.oom_loads_after_ready
     out["evictions"] = rec.evictions
     denominator = horizon * rec.setup.plan_bytes
     out["mem_avg_fraction"] = byte_seconds / denominator if denominator > 0 else None
@@ -209,6 +241,15 @@ def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str
     out["by_priority"] = {
         str(p): _request_figures(classes[p], rec.setup) for p in sorted(classes, reverse=True)
     }
+    unpinned: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.priority is None or r.service is None:
+            continue
+        if rec.setup.services[r.service].residency is not Residency.PINNED:
+            unpinned.setdefault(r.priority, []).append(r)
+    out["by_priority_unpinned"] = {
+        str(p): _request_figures(unpinned[p], rec.setup) for p in sorted(unpinned, reverse=True)
+    }
     services: dict[str, list[RequestRecord]] = {}
     for r in records:
         if r.service is not None:
@@ -217,5 +258,6 @@ def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str
     for name in rec.setup.services:
         figures = _request_figures(services.get(name, []), rec.setup)
         figures["cold_starts"] = rec.loads_by_service.get(name, 0)
+        figures["oom_loads"] = rec.oom_by_service.get(name, 0)
         out["by_service"][name] = figures
     return out

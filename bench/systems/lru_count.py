@@ -144,6 +144,7 @@ class LruCount(System):
     def _ready(self, runner: _Runner, gen: int) -> None:
         if runner.gen == gen and runner.phase == "loading":
             runner.phase = "ready"
+            self.rec.ready(runner.name)
             runner.slots.open()
 
     def _out_of_memory(self, runner: _Runner, gen: int) -> None:

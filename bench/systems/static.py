@@ -63,6 +63,7 @@ class Static(System):
 
     def _ready(self, name: str) -> None:
         self.delay[name] = RESTART_FIRST_S
+        self.rec.ready(name)
         self.slots[name].open()
 
     def _out_of_memory(self, name: str) -> None:

@@ -118,6 +118,7 @@ class SwapOne(System):
         proc = self.procs[service]
         if proc.gen == gen and proc.phase == "loading":
             proc.phase = "ready"
+            self.rec.ready(service)
             proc.slots.open()
 
     def _out_of_memory(self, service: str, gen: int) -> None:

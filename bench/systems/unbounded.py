@@ -26,7 +26,11 @@ class Unbounded(System):
         for name, info in self.setup.services.items():
             self.rec.load(name, 0.0)
             self.device.place(name, 0.0, info.bench.true_peak, info.bench.load_s)
-            self.clock.after(info.bench.load_s, self.slots[name].open)
+            self.clock.after(info.bench.load_s, self._ready, name)
+
+    def _ready(self, name: str) -> None:
+        self.rec.ready(name)
+        self.slots[name].open()
 
     def arrive(self, req: TraceRequest, service: str) -> None:
         self.slots[service].submit(req)

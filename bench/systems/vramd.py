@@ -218,6 +218,7 @@ class Vramd(System):
         proc.phase = "ready"
         proc.ready_since = self.clock.now
         proc.oom_incident = False
+        self.rec.ready(service)
         self.trackers[service].on_ready(self.clock.now)
         load_s = self.setup.services[service].bench.load_s
         old = self.learned_load[service]
