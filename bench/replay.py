@@ -75,6 +75,7 @@ def build_report(
             "headroom_bytes": device.headroom,
         },
         "priorities": {name: info.priority for name, info in setup.services.items()},
+        "residencies": {name: info.residency.value for name, info in setup.services.items()},
         "policies": {
             name: {**result.summary, "wall_s": round(result.wall_s, 3)}
             for name, result in results.items()

@@ -22,6 +22,7 @@ CODE_ABBREV = {
 MAIN_COLUMNS = (
     "policy",
     "served",
+    "within timeout",
     "refused",
     "OOM loads / reqs",
     "cold starts",
@@ -39,6 +40,7 @@ CLASS_COLUMNS = (
     "priority",
     "requests",
     "served",
+    "within timeout",
     "refused",
     "OOM",
     "p50 s",
@@ -75,6 +77,7 @@ def main_rows(report: Mapping[str, Any]) -> list[list[str]]:
             [
                 name,
                 served,
+                str(fig["served_within_timeout"]),
                 _refused(fig),
                 f"{fig['oom_loads']} / {fig['failed_oom']}",
                 str(fig["cold_starts"]),
@@ -100,6 +103,7 @@ def class_rows(report: Mapping[str, Any]) -> list[list[str]]:
                     priority,
                     str(cls["requests"]),
                     str(cls["served"]),
+                    str(cls["served_within_timeout"]),
                     _refused(cls),
                     str(cls["failed_oom"]),
                     _num(cls["latency_s"]["p50"]),

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 total["met"] += sum(t.met for t in checked)
                 total["targets"] += len(checked)
                 v = report["policies"]["vramd"]
-                total["served"] += v["served"]
+                total["served"] += v["served_within_timeout"]
                 total["slo"].append(v["slo_attainment"] or 0.0)
                 total["cold"] += v["cold_starts"]
                 for t in checked:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import replay
+from bench import replay, targets
 from bench.live import (
     LiveResponse,
     LiveRun,
@@ -212,6 +212,49 @@ def test_vramd_learns_a_true_peak_above_the_estimate() -> None:
     assert [e["data"]["victims"] for e in result.events if e["kind"] == "evict"] == [["a"]]
 
 
+def test_a_baseline_request_served_past_its_queue_timeout_is_not_within_it() -> None:
+    # Two slots on a, three 40 s requests at once: the third waits 40 s for a slot, past
+    # the 30 s queue.timeout. lru-count serves it late; vramd answers 503 at 30 s.
+    trace = '{"t": 0, "model": "model-a", "duration_s": 40, "stream": false}\n' * 3
+    lru, _ = run("lru-count", trace=trace)
+    assert (lru["served"], lru["served_past_timeout"], lru["served_within_timeout"]) == (3, 1, 2)
+    assert lru["by_service"]["a"]["share_within_timeout"] == pytest.approx(2 / 3)
+    vramd, _ = run("vramd", trace=trace)
+    assert (vramd["served"], vramd["served_within_timeout"]) == (2, 2)
+    assert vramd["refused"] == {"queue_timeout": 1}
+
+
+def test_out_of_memory_loads_after_a_service_was_ready_are_counted_apart() -> None:
+    # lru-count trusts estimates (4 GiB each). a (6 GiB really) is ready once, expires
+    # after its keep-alive; b (7 GiB) loads; a again fits b's estimate but not its true
+    # peak (12 - 7 < 6): an out-of-memory load of a service whose peak had been seen.
+    setup = setup_for("{a: {load_s: 2, true_peak: 6GiB}, b: {load_s: 2, true_peak: 7GiB}}")
+    trace = """
+    {"t": 0, "model": "model-a", "duration_s": 1, "stream": false}
+    {"t": 400, "model": "model-b", "duration_s": 100, "stream": false}
+    {"t": 405, "model": "model-a", "duration_s": 1, "stream": false}
+    """
+    summary, _ = run("lru-count", setup, trace)
+    assert (summary["oom_loads"], summary["oom_loads_after_ready"]) == (1, 1)
+    assert summary["by_service"]["a"]["oom_loads"] == 1
+    assert summary["failed_oom"] == 1
+    # vramd's out-of-memory loads of a service never ready are still being learned.
+    setup = setup_for("{a: {load_s: 2, true_peak: 13GiB}}")
+    one = '{"t": 0, "model": "model-a", "duration_s": 1, "stream": false}'
+    summary, _ = run("vramd", setup, one)
+    assert (summary["oom_loads"], summary["oom_loads_after_ready"]) == (2, 0)
+
+
+def test_figures_per_priority_over_unpinned_services() -> None:
+    policy = POLICY.replace(
+        "memory: {estimate: 3GiB}}", "memory: {estimate: 3GiB}, residency: pinned}"
+    )
+    summary, _ = run("unbounded", setup_for(policy=policy))
+    # c is pinned: the priority class (all three at 100) holds 4 requests, the unpinned 3.
+    assert summary["by_priority"]["100"]["requests"] == 4
+    assert summary["by_priority_unpinned"]["100"]["requests"] == 3
+
+
 def test_runs_are_deterministic() -> None:
     first, _ = run("vramd")
     second, _ = run("vramd")
@@ -274,9 +317,9 @@ def test_json_report_has_the_documented_keys(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert set(report) == {
         "trace", "policy", "bench_data", "requests", "horizon_s", "device", "priorities",
-        "policies", "targets", "why_lost",
+        "residencies", "policies", "targets", "why_lost",
     }  # fmt: skip
-    assert [t["name"] for t in report["targets"]] == ["no-oom", "served", "slo", "top-p99", "cold"]
+    assert [t["name"] for t in report["targets"]] == list(targets.NAMES)
     assert list(report["policies"]) == ["vramd", "swap-one", "lru-count", "static", "unbounded"]
     for figures in report["policies"].values():
         assert set(RUN_KEYS) | {"wall_s"} == set(figures)
