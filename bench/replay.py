@@ -1,8 +1,8 @@
-"""Replay a trace against vramd's scheduler and the baselines, on one simulated device.
+"""Replay a trace against vramd's scheduler and the baselines, on a simulated box.
 
     python -m bench.replay --policy POLICY.yaml --trace TRACE.jsonl \\
         [--bench-data BENCH.yaml] [--policies vramd,swap-one,lru-count,static,unbounded] \\
-        [--device-total SIZE] [--json OUT] [--markdown OUT]
+        [--device-total SIZE] [--devices N] [--json OUT] [--markdown OUT]
     python -m bench.replay --live --url http://127.0.0.1:8400 --policy POLICY.yaml \\
         --trace TRACE.jsonl [--speed 10] [--live-duration 180] [--json OUT]
 
@@ -36,13 +36,16 @@ DEFAULT_SYSTEMS = ("vramd", "swap-one", "lru-count", "static", "unbounded")
 
 
 def load_setup(
-    policy_path: str | Path, bench_path: str | Path | None, device_total: int | None = None
+    policy_path: str | Path,
+    bench_path: str | Path | None,
+    device_total: int | None = None,
+    devices: int | None = None,
 ) -> Setup:
     policy = load_policy(Path(policy_path).read_text(encoding="utf-8"))
     raw = None
     if bench_path is not None:
         raw = parse_bench_data(Path(bench_path).read_text(encoding="utf-8"))
-    return build_setup(policy, raw, device_total=device_total)
+    return build_setup(policy, raw, device_total=device_total, devices=devices)
 
 
 def replay(
@@ -69,6 +72,7 @@ def build_report(
         "requests": len(trace),
         "horizon_s": max((r.t for r in trace), default=0.0),
         "device": {
+            "count": setup.devices,
             "total_bytes": setup.device_total,
             "plan_bytes": setup.plan_bytes,
             "budget_bytes": device.budget,
@@ -102,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"comma-separated systems to compare (default {','.join(DEFAULT_SYSTEMS)})",
     )
     p.add_argument("--device-total", type=parse_size, help="simulated device size, e.g. 26GiB")
+    p.add_argument(
+        "--devices",
+        type=int,
+        help="simulated devices of that size (default: 1, or as many as device.gpus lists)",
+    )
     p.add_argument("--json", help="write the full report as JSON to this file")
     p.add_argument("--markdown", help="write the tables as Markdown to this file")
     live = p.add_argument_group("live check (bench.live)")
@@ -118,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    setup = load_setup(args.policy, args.bench_data, args.device_total)
+    if args.devices is not None and args.devices < 1:
+        print("--devices must be at least 1", file=sys.stderr)
+        return 2
+    setup = load_setup(args.policy, args.bench_data, args.device_total, args.devices)
     trace = load_trace(args.trace)
     if args.live:
         from bench.live import run_live_cli

@@ -121,10 +121,13 @@ def target_rows(report: Mapping[str, Any]) -> list[list[str]]:
 
 
 def title(report: Mapping[str, Any]) -> str:
+    device = report["device"]
+    count = device.get("count", 1)
+    plan, total = device["plan_bytes"] / 1024**3, device["total_bytes"] / 1024**3
+    where = f"a {total:g} GiB device" if count == 1 else f"each of {count} {total:g} GiB devices"
     return (
         f"{report['trace']}: {report['requests']} requests over {report['horizon_s']:.0f} s, "
-        f"{report['device']['plan_bytes'] / 1024**3:g} GiB to plan with on a "
-        f"{report['device']['total_bytes'] / 1024**3:g} GiB device"
+        f"{plan:g} GiB to plan with on {where}"
     )
 
 

@@ -255,6 +255,46 @@ def test_figures_per_priority_over_unpinned_services() -> None:
     assert summary["by_priority_unpinned"]["100"]["requests"] == 3
 
 
+TWO_GPUS = """
+version: 1
+device: {backend: host, gpus: [0, 1], budget: 10GiB, headroom: 1GiB, sample_interval: 1s}
+defaults: {idle_ttl: 60s, max_concurrency: 2, queue: {max: 2, timeout: 30s}}
+services:
+  a: {kind: chat, models: [model-a], command: [x], memory: {estimate: 6GiB}}
+  b: {kind: chat, models: [model-b], command: [x], memory: {estimate: 6GiB}}
+  ab: {kind: chat, models: [model-ab], command: [x], memory: {estimate: 6GiB}, span: 2}
+"""
+
+
+@pytest.mark.parametrize("system", ["vramd", "lru-count", "static"])
+def test_a_second_big_model_goes_on_the_second_device(system: str) -> None:
+    # Two devices of 9 GiB to plan with: a takes 6 on one, b does not fit beside it.
+    setup = setup_for("{a: {load_s: 2}, b: {load_s: 2}}", TWO_GPUS.replace("  ab:", "  # ab:"))
+    assert (setup.devices, setup.plan_bytes) == (2, 9 * GIB)
+    trace = """
+    {"t": 0, "model": "model-a", "duration_s": 30, "stream": false}
+    {"t": 0.5, "model": "model-b", "duration_s": 30, "stream": false}
+    """
+    summary, result = run(system, setup, trace)
+    loads = {e["service"]: e["data"]["devices"] for e in result.events if e["kind"] == "load"}
+    assert loads == {"a": [0], "b": [1]}
+    assert summary["served"] == 2 and summary["evictions"] == 0
+
+
+def test_a_span_service_holds_its_share_on_each_device() -> None:
+    # ab (span 2, 6 GiB: 3 per device) fits beside a (6 on device 0) with 3 left there.
+    bench = "{a: {load_s: 2}, b: {load_s: 2}, ab: {load_s: 2, true_peak: 6GiB}}"
+    trace = """
+    {"t": 0, "model": "model-a", "duration_s": 30, "stream": false}
+    {"t": 5, "model": "model-ab", "duration_s": 1, "stream": false}
+    """
+    for system in ("vramd", "static"):
+        summary, result = run(system, setup_for(bench, TWO_GPUS), trace)
+        loads = {e["service"]: e["data"]["devices"] for e in result.events if e["kind"] == "load"}
+        assert loads["ab"] == [0, 1], system
+        assert summary["served"] == 2 and summary["oom_loads"] == 0, system
+
+
 def test_runs_are_deterministic() -> None:
     first, _ = run("vramd")
     second, _ = run("vramd")

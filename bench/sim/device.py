@@ -10,11 +10,18 @@ together fail in whichever order their allocations race; here the later load fai
 
 The device also integrates memory over time exactly (ramps included), for the
 time-average memory use of a run.
+
+``SimBox`` is the box: one ``SimDevice`` per GPU, all of one size. A runtime lives on
+one device, or on several at once (``span``), holding its share of its true peak on
+each; it runs out of memory if any part does, at the first part's wall.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from service.scheduler.rules import share_of
 
 # A load with no room at all still takes a moment to find out.
 MIN_FAIL_S = 0.05
@@ -93,3 +100,63 @@ class SimDevice:
         """Memory integrated over [0, until], for time averages."""
         total = sum(occ.area(min(until, gone)) for occ, gone in self._gone)
         return total + sum(occ.area(until) for occ in self._live.values())
+
+
+class SimBox:
+    """The box's devices, and which of them each live runtime is on."""
+
+    def __init__(self, count: int, total: int | None) -> None:
+        if count < 1:
+            raise ValueError("a box has at least one device")
+        self.devices = tuple(SimDevice(total) for _ in range(count))
+        self.total = total
+        self.on: dict[str, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def place(
+        self,
+        service: str,
+        now: float,
+        true_peak: int,
+        load_s: float,
+        on: Sequence[int] = (0,),
+        shares: Sequence[float] = (1.0,),
+    ) -> float | None:
+        """Start loading ``service`` on devices ``on`` (device i of them holds share i of
+        its true peak); None if it fits, else the time its first part fails (OOM)."""
+        devices, parts = tuple(on), tuple(shares)
+        if len(parts) != len(devices):
+            parts = (1.0 / len(devices),) * len(devices)
+        self.on[service] = devices
+        fails = [
+            self.devices[device].place(service, now, share_of(true_peak, parts, i), load_s)
+            for i, device in enumerate(devices)
+        ]
+        failed = [t for t in fails if t is not None]
+        return min(failed) if failed else None
+
+    def freeze(self, service: str, now: float) -> None:
+        for device in self.on.get(service, ()):
+            self.devices[device].freeze(service, now)
+
+    def remove(self, service: str, now: float) -> None:
+        for device in self.on.pop(service, ()):
+            self.devices[device].remove(service, now)
+
+    def holds(self, service: str) -> bool:
+        return service in self.on
+
+    def footprint(self, service: str, now: float) -> int:
+        return sum(self.devices[d].footprint(service, now) for d in self.on.get(service, ()))
+
+    def footprints(self, now: float) -> dict[str, int]:
+        """Each live runtime's bytes over all its devices, by service name."""
+        return {name: self.footprint(name, now) for name in sorted(self.on)}
+
+    def used(self, device: int, now: float) -> int:
+        return self.devices[device].used(now)
+
+    def byte_seconds(self, until: float) -> float:
+        return sum(device.byte_seconds(until) for device in self.devices)

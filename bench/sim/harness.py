@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bench.sim.clock import VirtualClock
-from bench.sim.device import SimDevice
+from bench.sim.device import SimBox
 from bench.sim.metrics import Recorder, summarize
 from bench.sim.setup import Setup
 from bench.sim.trace import TraceRequest
@@ -32,7 +32,7 @@ class World:
         self.setup = setup
         self.trace = trace
         self.clock = VirtualClock()
-        self.device = SimDevice(None if unlimited else setup.device_total)
+        self.box = SimBox(setup.devices, None if unlimited else setup.device_total)
         self.rec = Recorder(setup, trace)
         self.horizon = max((r.t for r in trace), default=0.0)
 
@@ -56,11 +56,20 @@ class System:
         self.world = world
         self.setup = world.setup
         self.clock = world.clock
-        self.device = world.device
+        self.box = world.box
         self.rec = world.rec
 
     def begin(self) -> None:
         """Time 0: load what the system loads before any request."""
+
+    def home(self, service: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Where a system that does not choose devices runs ``service``: device 0, or the
+        first ``span`` devices (its policy's shares on each) for one that spans several."""
+        shares = self.setup.rules[service].shares
+        count = min(len(shares), len(self.box))
+        if count < len(shares):
+            shares = (1.0 / count,) * count
+        return tuple(range(count)), shares
 
     def arrive(self, req: TraceRequest, service: str) -> None:
         raise NotImplementedError
@@ -91,7 +100,7 @@ def run_system(system_cls: type[System], setup: Setup, trace: Sequence[TraceRequ
         world.clock.at(req.t, arrive, req)
     world.clock.run(until=world.horizon + DRAIN_LIMIT_S)
     summary = summarize(
-        world.rec, byte_seconds=world.device.byte_seconds(world.horizon), horizon=world.horizon
+        world.rec, byte_seconds=world.box.byte_seconds(world.horizon), horizon=world.horizon
     )
     return RunResult(system_cls.name, summary, world.rec.events, time.perf_counter() - started)
 

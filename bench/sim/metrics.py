@@ -232,7 +232,7 @@ def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str
     out["oom_loads"] = rec.oom_loads
     out["oom_loads_after_ready"] = rec.oom_loads_after_ready
     out["evictions"] = rec.evictions
-    denominator = horizon * rec.setup.plan_bytes
+    denominator = horizon * rec.setup.plan_bytes * rec.setup.devices
     out["mem_avg_fraction"] = byte_seconds / denominator if denominator > 0 else None
     classes: dict[int, list[RequestRecord]] = {}
     for r in records:

@@ -10,6 +10,9 @@ all see the same services, the same device and the same memory to plan with:
 - ``plan_bytes``: what vramd hands out on that device (``min(budget, total) -
   headroom``, DESIGN section 1). The baselines plan against the same figure, so every
   system is compared on the same memory.
+- ``devices``: how many such devices the box has (``device_total`` and ``plan_bytes``
+  are per device). By default one, or one per index up to the highest in the policy's
+  ``device.gpus`` when it lists them (``gpus: [0, 1]``: a box of two).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Setup:
     models: Mapping[str, str]  # model name -> service
     device_total: int
     plan_bytes: int
+    devices: int = 1
 
     def service_of(self, model: str) -> str | None:
         return self.models.get(model)
@@ -58,6 +62,7 @@ def build_setup(
     bench_raw: Mapping[str, Mapping[str, object]] | None = None,
     *,
     device_total: int | None = None,
+    devices: int | None = None,
 ) -> Setup:
     rules, device_rule = rules_from_policy(policy)
     bench = resolve_bench(policy, bench_raw)
@@ -81,4 +86,7 @@ def build_setup(
         for name, svc in policy.services.items()
     }
     models = {model: name for name, svc in policy.services.items() for model in svc.models}
-    return Setup(policy, rules, device_rule, services, models, device_total, plan_bytes)
+    if devices is None:
+        gpus = policy.device.gpus
+        devices = 1 if gpus == "all" or not gpus else max(gpus) + 1
+    return Setup(policy, rules, device_rule, services, models, device_total, plan_bytes, devices)

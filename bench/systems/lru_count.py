@@ -1,6 +1,7 @@
 """``lru-count``: Ollama's scheduler (``server/sched.go``, 0.3-0.4 era) with its defaults.
 
-- At most ``MAX_LOADED`` runners (``OLLAMA_MAX_LOADED_MODELS``: 3 per GPU).
+- At most ``MAX_LOADED`` runners per GPU (``OLLAMA_MAX_LOADED_MODELS``' default: 3 x
+  the number of GPUs).
 - A runner stays loaded ``KEEP_ALIVE_S`` after its last request (``keep_alive``, 5 min).
 - Requests wait in one pending queue of ``MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``); one more is
   answered 503 "server busy" (reported as ``queue_full``). The scheduler takes them one
@@ -13,9 +14,13 @@
     behind this one waits too, whatever model it wants;
   - otherwise, if another model is still loading, put the request back at the end of
     the queue after ``RESCHED_S`` (Ollama never overlaps loads on one GPU);
-  - otherwise check memory against estimates: the new model's estimate must fit in
-    ``min(plan_bytes - estimates of loaded runners, what the device reports free)``;
-    if it does not, pick one to unload and wait as above.
+  - otherwise check memory against estimates: the new model's estimate must fit in a
+    GPU's ``min(plan_bytes - estimates of the runners on it, what it reports free)``;
+    of the GPUs where it fits, the one with the most free memory takes it
+    (``pickBestFullFitByLibrary``). If it fits on no single GPU it is spread evenly
+    over all of them, if each has room for its part. If it does not fit at all, pick
+    one runner to unload and wait as above. (With nothing loaded, a model is loaded
+    fit or not: on GPU 0, or spread over all of them if it is larger than one.)
 - A runner serves ``max_concurrency`` of the policy at once (``OLLAMA_NUM_PARALLEL``) and
   queues the rest itself.
 - A load that runs out of memory fails the requests attached to it (Ollama answers
@@ -33,18 +38,21 @@ from typing import ClassVar
 
 from bench.sim.harness import Slots, System, World
 from bench.sim.trace import TraceRequest
+from service.scheduler.rules import share_of
 
 MAX_LOADED = 3
 KEEP_ALIVE_S = 300.0
 MAX_QUEUE = 512
 RESCHED_S = 0.25
 
+Placement = tuple[tuple[int, ...], tuple[float, ...]]  # GPUs, and the share on each
+
 
 @dataclass(slots=True)
 class _Runner:
     name: str
     slots: Slots
-    estimate: int
+    parts: dict[int, int]  # GPU -> the part of its estimate charged there
     phase: str = "loading"  # loading | ready | unloading
     gen: int = 0
     idle_gen: int = 0  # bumped to cancel a pending keep-alive expiry
@@ -84,18 +92,19 @@ class LruCount(System):
                 return
             if not self.runners:
                 self.pending.popleft()
-                self._attach(self._load(service), req)
+                self._attach(self._load(service, self._fallback(service)), req)
                 continue
-            if len(self.runners) >= self.max_loaded:
+            if len(self.runners) >= self.max_loaded * len(self.box):
                 self._evict_one()
                 return
             if any(r.phase == "loading" for r in self.runners.values()):
                 self.pending.popleft()
                 self.clock.after(RESCHED_S, self._requeue, req, service)
                 continue
-            if self._fits(service):
+            placement = self._placement(service)
+            if placement is not None:
                 self.pending.popleft()
-                self._attach(self._load(service), req)
+                self._attach(self._load(service, placement), req)
                 continue
             self._evict_one()
 
@@ -103,11 +112,40 @@ class LruCount(System):
         self.pending.append((req, service))
         self._pump()
 
-    def _fits(self, service: str) -> bool:
-        estimates = sum(r.estimate for r in self.runners.values())
-        by_estimate = self.setup.plan_bytes - estimates
-        reported = self.setup.device_total - self.device.used(self.clock.now)
-        return self.setup.services[service].estimate <= min(by_estimate, reported)
+    def _placement(self, service: str) -> Placement | None:
+        """The GPUs ``service``'s estimate fits on now, by the estimates of the runners
+        there and the memory each GPU reports free; None if it fits nowhere."""
+        now, count = self.clock.now, len(self.box)
+        free = [
+            min(
+                self.setup.plan_bytes - sum(r.parts.get(d, 0) for r in self.runners.values()),
+                self.setup.device_total - self.box.used(d, now),
+            )
+            for d in range(count)
+        ]
+        estimate = self.setup.services[service].estimate
+        for d in sorted(range(count), key=lambda d: -free[d]):
+            if estimate <= free[d]:
+                return (d,), (1.0,)
+        if count > 1:
+            shares = self._spread(service)
+            if all(share_of(estimate, shares, d) <= free[d] for d in range(count)):
+                return tuple(range(count)), shares
+        return None
+
+    def _fallback(self, service: str) -> Placement:
+        """Where a model goes on an empty box, fit or not."""
+        placement = self._placement(service)
+        if placement is not None:
+            return placement
+        if len(self.box) > 1 and self.setup.services[service].estimate > self.setup.plan_bytes:
+            return tuple(range(len(self.box))), self._spread(service)
+        return (0,), (1.0,)
+
+    def _spread(self, service: str) -> tuple[float, ...]:
+        """Its shares over every GPU: the policy's split when it spans them all, else even."""
+        count, shares = len(self.box), self.setup.rules[service].shares
+        return shares if len(shares) == count else (1.0 / count,) * count
 
     def _evict_one(self) -> None:
         going = sorted(r.name for r in self.runners.values() if r.phase == "unloading")
@@ -128,13 +166,16 @@ class LruCount(System):
         runner.idle_gen += 1
         runner.slots.submit(req)
 
-    def _load(self, service: str) -> _Runner:
+    def _load(self, service: str, placement: Placement) -> _Runner:
         info, now = self.setup.services[service], self.clock.now
-        runner = _Runner(service, Slots(self, info.max_concurrency), info.estimate)
+        devices, shares = placement
+        parts = {d: share_of(info.estimate, shares, i) for i, d in enumerate(devices)}
+        runner = _Runner(service, Slots(self, info.max_concurrency), parts)
         runner.slots.on_finish = lambda _rid: self._finished(runner)
         self.runners[service] = runner
-        self.rec.load(service, now)
-        fail_at = self.device.place(service, now, info.bench.true_peak, info.bench.load_s)
+        self.rec.load(service, now, devices=list(devices))
+        bench = info.bench
+        fail_at = self.box.place(service, now, bench.true_peak, bench.load_s, devices, shares)
         if fail_at is None:
             self.clock.after(info.bench.load_s, self._ready, runner, runner.gen)
         else:
@@ -150,7 +191,7 @@ class LruCount(System):
     def _out_of_memory(self, runner: _Runner, gen: int) -> None:
         if runner.gen != gen or runner.phase != "loading":
             return
-        self.device.remove(runner.name, self.clock.now)
+        self.box.remove(runner.name, self.clock.now)
         self.rec.oom(runner.name, self.clock.now)
         runner.slots.fail_all("oom")
         self._gone(runner)
@@ -172,13 +213,13 @@ class LruCount(System):
         runner.phase = "unloading"
         runner.gen += 1
         runner.slots.ready = False
-        self.device.freeze(runner.name, self.clock.now)
+        self.box.freeze(runner.name, self.clock.now)
         unload_s = self.setup.services[runner.name].bench.unload_s
         self.clock.after(unload_s, self._unloaded, runner, runner.gen)
 
     def _unloaded(self, runner: _Runner, gen: int) -> None:
         if runner.gen == gen:
-            self.device.remove(runner.name, self.clock.now)
+            self.box.remove(runner.name, self.clock.now)
             self._gone(runner)
 
     def _gone(self, runner: _Runner) -> None:

@@ -2,9 +2,11 @@
 
 What you get by running every runtime as its own always-on container (docker compose,
 systemd units) and sizing each one's memory share by its estimate: the partitions are
-handed out at time 0 in priority order (higher first, then policy order), first fit,
-until ``plan_bytes`` is used up. A service that got no partition is never started and
-its requests are refused (``insufficient_capacity``: the service is not running).
+handed out at time 0 in priority order (higher first, then policy order), first fit
+over the devices (the lowest-indexed device with ``plan_bytes`` left for it; a service
+with ``span: N`` takes the first N devices that each have room for its share), until
+nothing more fits. A service that got no partition is never started and its requests
+are refused (``insufficient_capacity``: the service is not running).
 Nothing is ever unloaded; requests wait only for a free slot (``max_concurrency``, no
 queue limit).
 
@@ -18,8 +20,11 @@ MIG would instead fail every runtime whose true peak exceeds its estimate.)
 
 from __future__ import annotations
 
+from itertools import combinations
+
 from bench.sim.harness import Slots, System, World
 from bench.sim.trace import TraceRequest
+from service.scheduler.rules import share_of
 
 RESTART_FIRST_S = 0.1  # docker's restart policy: 100 ms, doubling, capped at a minute
 RESTART_MAX_S = 60.0
@@ -35,11 +40,18 @@ class Static(System):
             self.setup.services.values(), key=lambda s: (-s.priority, order.index(s.name))
         )
         self.running: list[str] = []
-        left = self.setup.plan_bytes
+        self.placed: dict[str, tuple[int, ...]] = {}
+        left = [self.setup.plan_bytes] * len(self.box)
         for info in ranked:
-            if info.estimate <= left:
-                self.running.append(info.name)
-                left -= info.estimate
+            shares = self.setup.rules[info.name].shares
+            parts = [share_of(info.estimate, shares, i) for i in range(len(shares))]
+            for devices in combinations(range(len(left)), len(parts)):
+                if all(part <= left[d] for d, part in zip(devices, parts, strict=True)):
+                    for d, part in zip(devices, parts, strict=True):
+                        left[d] -= part
+                    self.running.append(info.name)
+                    self.placed[info.name] = devices
+                    break
         self.slots = {
             name: Slots(self, self.setup.services[name].max_concurrency) for name in self.running
         }
@@ -54,8 +66,11 @@ class Static(System):
         bench = self.setup.services[name].bench
         now = self.clock.now
         self.down.discard(name)
-        self.rec.load(name, now)
-        fail_at = self.device.place(name, now, bench.true_peak, bench.load_s)
+        self.rec.load(name, now, devices=list(self.placed[name]))
+        shares = self.setup.rules[name].shares
+        fail_at = self.box.place(
+            name, now, bench.true_peak, bench.load_s, self.placed[name], shares
+        )
         if fail_at is None:
             self.clock.after(bench.load_s, self._ready, name)
         else:
@@ -67,7 +82,7 @@ class Static(System):
         self.slots[name].open()
 
     def _out_of_memory(self, name: str) -> None:
-        self.device.remove(name, self.clock.now)
+        self.box.remove(name, self.clock.now)
         self.rec.oom(name, self.clock.now)
         self.slots[name].fail_all("oom")
         self.down.add(name)

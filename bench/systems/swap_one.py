@@ -74,7 +74,7 @@ class SwapOne(System):
         proc.phase = "stopping"
         proc.gen += 1
         proc.slots.ready = False
-        self.device.freeze(current, self.clock.now)
+        self.box.freeze(current, self.clock.now)
         unload_s = self.setup.services[current].bench.unload_s
         self.clock.after(unload_s, self._stopped, current, proc.gen)
 
@@ -82,7 +82,7 @@ class SwapOne(System):
         proc = self.procs[service]
         if proc.gen != gen:
             return
-        self.device.remove(service, self.clock.now)
+        self.box.remove(service, self.clock.now)
         proc.phase = "stopped"
         self._swapped()
 
@@ -107,8 +107,8 @@ class SwapOne(System):
         proc, bench, now = self.procs[service], self.setup.services[service].bench, self.clock.now
         proc.phase = "loading"
         proc.gen += 1
-        self.rec.load(service, now)
-        fail_at = self.device.place(service, now, bench.true_peak, bench.load_s)
+        self.rec.load(service, now, devices=list(self.home(service)[0]))
+        fail_at = self.box.place(service, now, bench.true_peak, bench.load_s, *self.home(service))
         if fail_at is None:
             self.clock.after(bench.load_s, self._ready, service, proc.gen)
         else:
@@ -125,7 +125,7 @@ class SwapOne(System):
         proc = self.procs[service]
         if proc.gen != gen or proc.phase != "loading":
             return
-        self.device.remove(service, self.clock.now)
+        self.box.remove(service, self.clock.now)
         self.rec.oom(service, self.clock.now)
         proc.phase = "stopped"
         proc.slots.fail_all("oom")

@@ -24,8 +24,8 @@ class Unbounded(System):
 
     def begin(self) -> None:
         for name, info in self.setup.services.items():
-            self.rec.load(name, 0.0)
-            self.device.place(name, 0.0, info.bench.true_peak, info.bench.load_s)
+            self.rec.load(name, 0.0, devices=list(self.home(name)[0]))
+            self.box.place(name, 0.0, info.bench.true_peak, info.bench.load_s, *self.home(name))
             self.clock.after(info.bench.load_s, self._ready, name)
 
     def _ready(self, name: str) -> None:

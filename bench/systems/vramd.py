@@ -5,10 +5,13 @@ and differ only in their ``Effects``: this class implements that protocol on the
 virtual clock. It turns what happens on the simulated device into the events the real
 daemon feeds, and carries out the actions that come back:
 
-- time 0: a memory sample, then ``PolicyChanged`` (as ``Orchestrator.start`` does);
+- time 0: a memory sample (one ``DeviceReading`` per simulated device), then
+  ``PolicyChanged`` (as ``Orchestrator.start`` does);
   then a ``Tick`` every 0.2 s and a ``MemorySampled`` every ``device.sample_interval``,
   plus one after every instance change (ready, failed, stopped).
-- ``Start``: the runtime starts loading (``SimDevice.place``). After ``load_s`` it is
+- ``Start``: the runtime starts loading on ``action.device`` (on every device of
+  ``action.spans`` for a service that spans several, its policy's share of its true
+  peak on each: ``SimBox.place``). After ``load_s`` it is
   ready (``LearnedChanged`` with its load time, then ``InstanceReady``); if its true peak
   does not fit it fails with out of memory, and the supervisor's own restart rules
   (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` with
@@ -81,6 +84,7 @@ class Proc:
     phase: str = "gone"  # loading | ready | backoff | stopping | asleep | gone
     gen: int = 0  # bumped whenever a pending callback must be ignored
     peak: int = 0  # highest footprint of this instance
+    devices: tuple[int, ...] = (0,)
     ready_since: float = 0.0
     in_flight: set[str] = field(default_factory=set)
     oom_incident: bool = False  # an out-of-memory load whose retry has not concluded
@@ -147,12 +151,12 @@ class Vramd(System):
         proc = self.procs[action.service]
         if proc.phase == "asleep":
             if action.wake:
-                self._wake(action.service)
+                self._wake(action.service, action.devices)
                 return
             proc.phase = "gone"  # woken elsewhere: the sleeper is stopped, a fresh load
         if not action.retry:
             self.trackers[action.service].reset()
-        self._spawn(action.service, action.reason)
+        self._spawn(action.service, action.reason, action.devices)
 
     def drain(self, action: Stop) -> None:
         pass  # the scheduler stops granting; nothing to do on the device
@@ -199,17 +203,24 @@ class Vramd(System):
 
     # --------------------------------------------------------------- the runtimes
 
-    def _spawn(self, service: str, reason: str) -> None:
+    def _spawn(self, service: str, reason: str, devices: tuple[int, ...]) -> None:
         proc, bench, now = self.procs[service], self.setup.services[service].bench, self.clock.now
         proc.gen += 1
         proc.phase = "loading"
         proc.peak = 0
-        self.rec.load(service, now, reason=reason)
-        fail_at = self.device.place(service, now, bench.true_peak, bench.load_s)
+        proc.devices = devices
+        self.rec.load(service, now, reason=reason, devices=list(devices))
+        fail_at = self._place(service, bench.load_s)
         if fail_at is None:
             self.clock.after(bench.load_s, self._ready, service, proc.gen)
         else:
             self.clock.at(fail_at, self._out_of_memory, service, proc.gen)
+
+    def _place(self, service: str, ramp_s: float) -> float | None:
+        """The runtime starts taking memory on its devices; when it runs out, if it does."""
+        proc, true_peak = self.procs[service], self.setup.services[service].bench.true_peak
+        shares = self.setup.rules[service].shares
+        return self.box.place(service, self.clock.now, true_peak, ramp_s, proc.devices, shares)
 
     def _ready(self, service: str, gen: int) -> None:
         proc = self.procs[service]
@@ -231,7 +242,7 @@ class Vramd(System):
         proc, now = self.procs[service], self.clock.now
         if proc.gen != gen or proc.phase != "loading":
             return
-        self.device.remove(service, now)
+        self.box.remove(service, now)
         self.rec.oom(service, now)
         decision = self.trackers[service].on_failure(now)
         first_of_chain = not proc.oom_incident
@@ -252,7 +263,7 @@ class Vramd(System):
         proc, now = self.procs[service], self.clock.now
         proc.gen += 1
         proc.phase = "stopping"
-        self.device.freeze(service, now)
+        self.box.freeze(service, now)
         self.clock.after(
             self.setup.services[service].bench.unload_s, self._asleep, service, proc.gen
         )
@@ -261,18 +272,19 @@ class Vramd(System):
         proc = self.procs[service]
         if proc.gen != gen or proc.phase != "stopping":
             return
-        self.device.remove(service, self.clock.now)
+        self.box.remove(service, self.clock.now)
         proc.phase = "asleep"
         self._feed(InstanceAsleep(service))
         self._sample()
 
-    def _wake(self, service: str) -> None:
+    def _wake(self, service: str, devices: tuple[int, ...]) -> None:
         proc, bench, now = self.procs[service], self.setup.services[service].bench, self.clock.now
         proc.gen += 1
         proc.phase = "loading"
         proc.peak = 0
-        self.rec.load(service, now, reason="wake")
-        fail_at = self.device.place(service, now, bench.true_peak, bench.wake_time)
+        proc.devices = devices
+        self.rec.load(service, now, reason="wake", devices=list(devices))
+        fail_at = self._place(service, bench.wake_time)
         if fail_at is None:
             self.clock.after(bench.wake_time, self._ready, service, proc.gen)
         else:
@@ -291,7 +303,7 @@ class Vramd(System):
         if was == "backoff":  # no process: stopped at once
             self.clock.at(now, self._stopped, service, proc.gen)
             return
-        self.device.freeze(service, now)
+        self.box.freeze(service, now)
         self.clock.after(
             self.setup.services[service].bench.unload_s, self._stopped, service, proc.gen
         )
@@ -300,7 +312,7 @@ class Vramd(System):
         proc = self.procs[service]
         if proc.gen != gen or proc.phase != "stopping":
             return
-        self.device.remove(service, self.clock.now)
+        self.box.remove(service, self.clock.now)
         proc.phase = "gone"
         self._feed(InstanceStopped(service))
         self._sample()
@@ -319,13 +331,20 @@ class Vramd(System):
         return Learned(self.learned_peak[service], self.learned_load[service])
 
     def _sample(self) -> None:
-        now, total = self.clock.now, self.setup.device_total
-        footprints = self.device.footprints(now)
+        now, total, box = self.clock.now, self.setup.device_total, self.box
+        footprints = box.footprints(now)
         for service, footprint in footprints.items():
             self._learn_peak(service, footprint)
-        used = sum(footprints.values())
-        reading = DeviceReading(0, total, used, max(0, total - used), managed=used)
-        self._feed(MemorySampled((reading,), footprints))
+        readings = []
+        for index, device in enumerate(box.devices):
+            used = device.used(now)
+            readings.append(DeviceReading(index, total, used, max(0, total - used), managed=used))
+        per_device = {
+            service: {d: box.devices[d].footprint(service, now) for d in box.on[service]}
+            for service in footprints
+            if len(box.on[service]) > 1
+        }
+        self._feed(MemorySampled(tuple(readings), footprints, per_device))
 
     def _learn_peak(self, service: str, footprint: int) -> None:
         """As ``service.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
