@@ -78,11 +78,13 @@ bench: $(VENV)/.installed-dev
 	    --json bench/out/$$t-tiered.json --markdown bench/out/$$t-tiered.md || exit 1; \
 	done
 
-# Generated traces over four policies, each held to the targets (docs/benchmarks.md).
+# 120 generated traces over four boxes and their priority mixes, each held to the
+# targets (docs/benchmarks.md); a few minutes on 2 cores (--jobs: one trace per CPU).
 bench-sweep: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.sweep --json bench/out/sweep.json --markdown bench/out/sweep.md
 
-# How the protect defaults were chosen (docs/benchmarks.md#protect); about 15 minutes.
+# How the protect defaults were chosen (docs/benchmarks.md#protect): 20 pairs of defaults
+# over the sweep's traces, about 1.5 hours on 2 cores (--quick: a fifth of that).
 bench-tune: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.tune --json bench/out/tune.json
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from bench import sweep, targets
-from bench.sweep import POLICY_DIR, parse_protect_overrides, setup_with
+from bench.boxes import BOXES, CASES, points, select
+from bench.sweep import POLICY_DIR, case_setup, parse_protect_overrides, setup_with
 from service.domain import Residency
+from service.policy import load_policy
 
 
 def service(requests: int, within: int, **figures: Any) -> dict[str, Any]:
@@ -201,12 +203,101 @@ def test_protect_overrides_apply_only_where_the_file_sets_none(tmp_path: Path) -
 
 
 def test_the_sweep_replays_generated_traces_and_writes_every_target(tmp_path: Path) -> None:
-    out = tmp_path / "sweep.json"
-    argv = ["--quick", "--duration", "240", "--policies", "home-box", "--json", str(out)]
-    assert sweep.main(argv) == 0
-    reports = json.loads(out.read_text())
-    assert [r["trace"] for r in reports] == [p.name for p in sweep.QUICK]
+    out, md = tmp_path / "sweep.json", tmp_path / "sweep.md"
+    argv = ["--quick", "--duration", "240", "--policies", "home-box", "--jobs", "1"]
+    assert sweep.main([*argv, "--json", str(out), "--markdown", str(md)]) == 0
+    data = json.loads(out.read_text())
+    reports = data["reports"]
+    (case,) = select("home-box")
+    assert [r["trace"] for r in reports] == [p.name for p in points(case)][:: sweep.QUICK_EVERY]
     for r in reports:
+        assert r["policy"] == r["case"] == "24gib/home-box.yaml"
         assert [t["name"] for t in r["targets"]] == list(targets.NAMES)
         assert set(r["policies"]) == set(targets.NEEDED)
+        assert "share_within_timeout" in r["policies"]["vramd"]["by_service"]["coder"]
+    summary = data["summary"]
+    assert summary["traces"] == len(reports)
+    assert list(summary["met"]) == list(targets.NAMES)
+    assert summary["by_case"]["24gib/home-box.yaml"]["traces"] == len(reports)
+    text = md.read_text()
+    assert "| 24gib/home-box.yaml | " in text and "## Summary" in text
     assert sweep.main(["--policies", "nope"]) == 2
+
+
+def test_the_sweep_gives_the_same_reports_whatever_the_job_count(tmp_path: Path) -> None:
+    runs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"sweep-{jobs}.json"
+        argv = ["--quick", "--duration", "120", "--policies", "12gib/equal,2x24gib/equal"]
+        assert sweep.main([*argv, "--jobs", jobs, "--json", str(out)]) == 0
+        reports = json.loads(out.read_text())["reports"]
+        for r in reports:
+            for figures in r["policies"].values():
+                figures.pop("wall_s")
+        runs.append(reports)
+    assert runs[0] == runs[1]
+    assert {r["box"] for r in runs[0]} == {"12gib", "2x24gib"}
+
+
+# ----------------------------------------------------------------- boxes and mixes
+
+
+def test_every_box_and_mix_gives_a_valid_policy_in_popularity_order() -> None:
+    for case in CASES:
+        text = case.policy_text()
+        policy = load_policy(text)  # the daemon's own loader
+        if case.committed:
+            continue
+        base = load_policy(case.box.read(case.box.policy))
+        assert list(policy.services) == list(base.services)  # popularity order kept
+        unpinned = [n for n, s in policy.services.items() if s.residency is not Residency.PINNED]
+        prio = {n: policy.services[n].priority for n in unpinned}
+        if case.mix == "popular-below":
+            assert prio[unpinned[0]] < min(prio[n] for n in unpinned[1:]), case.name
+        elif case.mix == "equal":
+            assert len(set(prio.values())) == 1
+        elif case.mix == "inverted":
+            assert [prio[n] for n in unpinned] == sorted(prio.values())
+            assert len(set(prio.values())) == len(unpinned)
+    assert {c.box.name for c in CASES} == {"12gib", "24gib", "48gib", "2x24gib"}
+
+
+def test_the_boxes_are_what_they_say() -> None:
+    sizes = {}
+    for box in BOXES:
+        (case, *_) = [c for c in CASES if c.box is box]
+        setup = case_setup(case, {})
+        sizes[box.name] = (setup.devices, setup.policy.device.budget)
+        for name, info in setup.services.items():
+            overshoot = info.bench.true_peak / info.estimate
+            assert 1.05 <= overshoot <= 1.2, (box.name, name, overshoot)
+            cap = setup.rules[name].cap
+            assert cap is None or info.bench.true_peak <= cap, (box.name, name)
+        estimates = sum(s.estimate for s in setup.services.values())
+        assert 2 <= estimates / (setup.plan_bytes * setup.devices) <= 3, box.name
+    gib = 1024**3
+    assert sizes == {
+        "12gib": (1, 12 * gib),
+        "24gib": (1, 24 * gib),
+        "48gib": (1, 48 * gib),
+        "2x24gib": (2, 24 * gib),
+    }
+    spans = case_setup(select("2x24gib/tiered")[0], {}).rules["coder-large"].span
+    assert spans == 2
+
+
+def test_the_grid_covers_the_space_with_a_seed_per_trace() -> None:
+    tasks = sweep.tasks_of(CASES, quick=False)
+    assert 100 <= len(tasks) <= 150
+    assert len(sweep.tasks_of(CASES, quick=True)) == math.ceil(len(tasks) / 5)
+    assert len({c.name for c in CASES}) == len(CASES)
+    assert len({p.seed for _, p in tasks}) == len(tasks)
+    for case in CASES:
+        ps = points(case)
+        assert {p.alpha for p in ps} == {0.6, 0.9, 1.2, 1.5, 1.8, 2.1}
+        assert {p.cv for p in ps} == {1, 2, 3, 4, 5}
+        assert {p.rate for p in ps} == set(case.box.rates)
+    assert points(CASES[0]) == points(CASES[0])  # deterministic
+    assert select("equal") == [c for c in CASES if c.mix == "equal"]
+    with pytest.raises(ValueError, match="nope"):
+        select("12gib,nope")
