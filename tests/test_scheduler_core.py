@@ -605,10 +605,11 @@ def test_memory_freed_goes_to_the_highest_priority_waiting() -> None:
     assert starts(world.request("a1", "a", at=1)) == []
     assert starts(world.request("b1", "b", at=2)) == []
     actions = world.ready("x", at=3)
-    assert grants(actions) == ["x1"]
+    assert grants(actions) == ["x1"]  # x serves what it was loaded for first
+    assert notes(actions, "evict") == []
+    actions = world.finish("x1", at=4)
     assert [n.service for n in notes(actions, "evict")] == ["b"]
-    world.finish("x1")
-    actions = world.stopped("x")
+    actions = world.stopped("x", at=5)
     assert starts(actions) == ["b"]
     assert rejects(actions) == {}  # a waits: it could fit once b is idle long enough
     [wait] = notes(actions, "wait")
@@ -662,11 +663,19 @@ def test_an_equal_priority_waits_until_the_instance_served_what_it_was_loaded_fo
     assert stops(actions) == [("a", True), ("a", False)]
 
 
-def test_a_strictly_higher_priority_may_evict_a_protected_instance() -> None:
-    world = World(rule("a"), rule("vip", priority=300))
-    world.request("a1", "a")
-    world.ready("a")
-    assert stops(world.request("v1", "vip")) == [("a", True)]
+def test_a_higher_priority_takes_a_swapped_in_instance_back_only_when_its_slo_needs_it() -> None:
+    """a was loaded for its queue; vip's request waits for that batch as long as it can
+    still meet its SLO (five service times, one load allowed: its load must begin within
+    four service times, less a's drain and stop), then a is drained at once."""
+    world = World(rule("a", max_concurrency=1), rule("vip", priority=300))
+    for rid in ("a1", "a2", "a3"):
+        world.request(rid, "a", at=0)
+    world.ready("a", at=1)
+    assert stops(world.request("v1", "vip", at=2)) == []
+    service_s = 5.0  # nothing finished yet: the default service time, for both
+    slo_by = 2 + 4 * service_s - service_s - 2.0
+    assert stops(world.tick(slo_by - 0.1)) == []
+    assert stops(world.tick(slo_by)) == [("a", True)]
 
 
 # ---------------------------------------------------------------- failures
@@ -886,7 +895,9 @@ class Sim:
     def check_eviction(self, note: Note) -> None:
         """The residency table holds in any mix: pinned never; warm at once only for a
         strictly higher priority, on-demand for an equal or higher one, window-only for
-        anything; any other evictor only once the victim has been idle for protect."""
+        anything. Any other evictor: never while the victim is busy, never through
+        ``protect: never``, and before its protection lapses only for waiting requests
+        (protect is a cost that gives way to them, not a lock)."""
         assert note.service is not None
         evictor = self.rules[note.service].priority
         for name in note.data["victims"]:
@@ -904,7 +915,9 @@ class Sim:
             view = self.sched.service_view(name)
             assert view.in_flight == 0 and view.queued == 0, (note, view)
             assert view.last_used is not None, (note, view)
-            assert self.now - view.last_used >= victim.protection_s, (note, view)
+            assert not math.isinf(victim.protection_s), (note, view)
+            if self.now - view.last_used < victim.protection_s:
+                assert self.sched.service_view(note.service).queued > 0, (note, view)
 
     def check_refusal(self, note: Note) -> None:
         """A load is refused only if it can never fit: its need is above every candidate
@@ -1222,7 +1235,7 @@ def test_a_lower_priority_is_served_once_an_idle_higher_ones_protection_lapses()
     assert view.waiting_for_memory
     assert view.waiting_for == (
         "image waits for 600MiB (400MiB on device 0 available): chat (warm, priority 300) "
-        "used 1m ago, protected for another 9m"
+        "idle 1m, yields within 9m at the latest"
     )
     assert stops(world.tick(599.9)) == []
     assert stops(world.tick(600)) == [("chat", True), ("chat", False)]
@@ -1230,21 +1243,46 @@ def test_a_lower_priority_is_served_once_an_idle_higher_ones_protection_lapses()
     assert grants(world.ready("image", at=602)) == ["i1"]
 
 
-def test_a_queue_timeout_names_the_holders_and_when_they_yield() -> None:
+def test_a_queue_timeout_names_the_holders_and_why_none_yielded() -> None:
+    world = World(
+        rule("chat", WARM, priority=300, protect_s=600, max_concurrency=1, queue_max=64),
+        rule("image", priority=100, queue_timeout_s=120),
+    )
+    world.serve("chat")
+    world.request("c1", "chat", at=99)
+    world.request("c2", "chat", at=99)
+    world.request("i1", "image", at=100)
+    for t in range(101, 220, 10):  # chat stays busy: a busy higher priority never yields
+        world.finish(f"c{t}" if t > 101 else "c1", at=t - 0.5)
+        world.request(f"c{t + 10}", "chat", at=t)
+    rejected = reject_of(world.tick(220), "i1")
+    assert rejected.code == "queue_timeout"
+    assert rejected.message.startswith(
+        "waited 2m in the queue of image (queue.timeout 2m): image waits for 600MiB "
+        "(400MiB on device 0 available): chat (warm, priority 300) busy ("
+    )
+    assert rejected.message.endswith("yields when idle")
+
+
+def test_an_idle_protected_holder_yields_before_the_waiters_deadline() -> None:
+    """protect is a cost, not a lock: chat's 10 minutes give way so that image's request
+    is served within its 2-minute queue.timeout (its load time and a margin before)."""
     world = World(
         rule("chat", WARM, priority=300, protect_s=600),
         rule("image", priority=100, queue_timeout_s=120),
     )
+    world.send(LearnedChanged("image", Learned(load_s=20.0)))
     world.serve("chat")
     world.request("i1", "image", at=100)
-    rejected = reject_of(world.tick(220), "i1")
-    assert rejected.code == "queue_timeout"
-    assert rejected.message == (
-        "waited 2m in the queue of image (queue.timeout 2m): image waits for 600MiB "
-        "(400MiB on device 0 available): chat (warm, priority 300) used 3m40s ago, "
-        "protected for another 6m20s"
-    )
-    assert rejected.retry_after == 380.0
+    [holder] = world.sched.service_view("image").wait_holders
+    deadline = 100 + 120 - 20 - (5.0 + 0.25 * 20)
+    assert holder["yields_in_s"] == deadline - 100
+    assert "yields within 1m30s at the latest" in str(holder["text"])
+    assert stops(world.tick(deadline - 0.2)) == []
+    assert stops(world.tick(deadline)) == [("chat", True), ("chat", False)]
+    assert starts(world.stopped("chat", at=deadline + 1)) == ["image"]
+    assert grants(world.ready("image", at=deadline + 21)) == ["i1"]
+    assert deadline + 21 - 100 < 120
 
 
 def test_each_distinct_wait_is_noted_once_with_its_holders() -> None:
@@ -1261,14 +1299,15 @@ def test_each_distinct_wait_is_noted_once_with_its_holders() -> None:
     assert notes(world.tick(40), "wait") == []
 
 
-def test_a_later_warm_load_of_equal_priority_waits_behind_the_first_in_line() -> None:
+def test_a_later_load_that_would_never_give_memory_back_waits_behind_the_first() -> None:
     """The big load waits for a protected holder; a small warm one of the same priority
-    that would fit in the free memory must not take it, or the big one could wait for
-    ever behind it (it could not evict a busy warm equal)."""
+    with protect: never that would fit in the free memory must not take it, or the big
+    one could wait for ever behind it. (Any other protection yields by big's deadline,
+    so a later load may use free memory meanwhile.)"""
     world = World(
         rule("holder", WARM, priority=300, mib=500, protect_s=600),
         rule("big", priority=100, mib=700, queue_timeout_s=1e9),
-        rule("small", WARM, priority=100, mib=300, queue_timeout_s=1e9),
+        rule("small", WARM, priority=100, mib=300, queue_timeout_s=1e9, protect_s=math.inf),
     )
     world.serve("holder")
     world.request("b1", "big", at=10)
@@ -1364,8 +1403,10 @@ def test_explain_says_what_a_load_would_do_and_changes_nothing() -> None:
         ("chat", "protected"),
         ("small", "batch"),
     ]
-    assert wait.holders[0]["yields_in_s"] == 500.0
-    assert wait.data["yields_in_s"] == 500.0
+    # Asked at t=100, "now" means a request arriving then: chat yields by its deadline
+    # (100 + queue.timeout 60 - the 10 s load time assumed until one is learned - margin).
+    assert wait.holders[0]["yields_in_s"] == 60 - 10 - (5.0 + 0.25 * 10)
+    assert wait.data["yields_in_s"] == wait.holders[0]["yields_in_s"]
     assert "image would wait for 400MiB" in wait.message
     assert world.sched.service_view("image") == before  # nothing changed
 
@@ -1375,7 +1416,7 @@ def test_explain_names_a_closed_window_and_the_load_it_would_wait_behind() -> No
         rule("batch", WINDOW),
         rule("holder", WARM, priority=300, mib=500, protect_s=600),
         rule("big", priority=100, mib=700, queue_timeout_s=1e9),
-        rule("small", WARM, priority=100, mib=300),
+        rule("small", WARM, priority=100, mib=300, protect_s=math.inf),
     )
     world.send(WindowChanged(frozenset(), {"batch": 3600.0}))
     closed = world.sched.explain("batch", 0.0)
@@ -1384,3 +1425,207 @@ def test_explain_names_a_closed_window_and_the_load_it_would_wait_behind() -> No
     world.request("b1", "big", at=10)
     behind = world.sched.explain("small", 11.0)
     assert (behind.verdict, behind.behind) == ("wait", "big")
+
+
+# ------------------------------------------------------------ serve within patience
+
+
+@dataclass
+class Traffic:
+    """A deterministic world around the scheduler: runtimes load in ``load_s``, stop in
+    a second, requests take ``service_s``; a tick every 0.2 s and a sample on every
+    instance change. It records when each request was granted or refused."""
+
+    rules: dict[str, ServiceRule]
+    total: int = 1000 * MiB
+    load_s: float = 5.0
+    service_s: float = 4.0
+    sched: Scheduler = field(init=False)
+    now: float = 0.0
+    due: list[tuple[float, int, Event]] = field(default_factory=list)
+    arrived: dict[str, float] = field(default_factory=dict)
+    granted: dict[str, float] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    loads: dict[str, int] = field(default_factory=dict)
+    evictions: list[tuple[float, str, str]] = field(default_factory=list)
+    resident: set[str] = field(default_factory=set)
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.sched = Scheduler(self.rules, DeviceRule())
+        self.sample()
+
+    def at(self, t: float, event: Event) -> None:
+        self.counter += 1
+        self.due.append((t, self.counter, event))
+
+    def request(self, rid: str, service: str, t: float) -> None:
+        self.arrived[rid] = t
+        self.at(t, RequestArrived(rid, service))
+
+    def sample(self) -> None:
+        fp = {s: self.sched.service_view(s).expected_peak for s in self.resident}
+        used = sum(fp.values())
+        reading = DeviceReading(0, self.total, used, self.total - used, used)
+        self.handle(MemorySampled((reading,), fp))
+
+    def handle(self, event: Event) -> None:
+        for action in self.sched.handle(event, self.now):
+            if isinstance(action, Start):
+                self.loads[action.service] = self.loads.get(action.service, 0) + 1
+                self.resident.add(action.service)
+                self.at(self.now + self.load_s, InstanceReady(action.service))
+            elif isinstance(action, Stop) and not action.drain:
+                self.at(self.now + 1.0, InstanceStopped(action.service))
+            elif isinstance(action, Grant):
+                self.granted[action.request_id] = self.now
+                self.at(self.now + self.service_s, RequestFinished(action.request_id))
+            elif isinstance(action, Reject):
+                self.refused[action.request_id] = action.code
+            elif isinstance(action, Note) and action.kind == "evict":
+                for victim in action.data["victims"]:
+                    self.evictions.append((self.now, str(victim), str(action.service)))
+
+    def run(self, until: float) -> None:
+        tick = 0.2
+        while True:
+            self.due.sort()
+            next_due = self.due[0][0] if self.due else math.inf
+            if min(next_due, tick) > until:
+                return
+            if tick < next_due:
+                self.now = tick
+                self.handle(Tick())
+                tick = round(tick + 0.2, 6)
+                continue
+            self.now, _, event = self.due.pop(0)
+            if isinstance(event, InstanceStopped):
+                self.resident.discard(event.service)
+            self.handle(event)
+            if isinstance(event, InstanceReady | InstanceStopped):
+                self.sample()
+
+    def waited(self, service: str) -> list[float]:
+        """How long each of ``service``'s granted requests waited for a slot."""
+        return [
+            self.granted[rid] - t
+            for rid, t in self.arrived.items()
+            if rid.startswith(service) and rid in self.granted
+        ]
+
+
+def busy_chat_and_popular_coder(protect: float | None) -> Traffic:
+    """The starving pattern: a warm chat at 300 used every 30 s and a popular coder at
+    200 asked every 20 s, on a device that holds one of them."""
+    traffic = Traffic(
+        {
+            "chat": rule("chat", WARM, priority=300, protect_s=protect, queue_timeout_s=120),
+            "coder": rule("coder", priority=200, queue_timeout_s=120),
+        }
+    )
+    for i in range(40):
+        traffic.request(f"chat{i}", "chat", 1.0 + 30 * i)
+    for i in range(60):
+        traffic.request(f"coder{i}", "coder", 7.0 + 20 * i)
+    traffic.run(until=1300)
+    return traffic
+
+
+def test_a_popular_service_under_a_busy_warm_higher_priority_is_served_within_its_timeout() -> None:
+    """Version 2 let chat's protection renew for ever (used every 30 s, protect 10m): the
+    coder waited out every request. Now chat yields before the coder's requests time
+    out, and takes its memory back when its own requests need it."""
+    traffic = busy_chat_and_popular_coder(protect=None)
+    assert traffic.refused == {}
+    coder = traffic.waited("coder")
+    assert len(coder) == 60 and max(coder) < 120
+    assert len(traffic.waited("chat")) == 40
+    # chat yields to the coder's waiting requests, the coder gives chat its memory back
+    assert {(victim, by) for _, victim, by in traffic.evictions} == {
+        ("chat", "coder"),
+        ("coder", "chat"),
+    }
+
+
+def test_protect_never_keeps_the_strict_rule_and_starves_the_lower_priority() -> None:
+    traffic = busy_chat_and_popular_coder(protect=math.inf)
+    assert set(traffic.refused.values()) == {"queue_timeout"}
+    assert traffic.waited("coder") == []  # chat never yields: every coder request times out
+    assert [v for _, v, _ in traffic.evictions] == []
+
+
+def test_a_busy_instance_is_never_evicted_for_a_lower_priority() -> None:
+    """chat has a request in flight at every moment: the coder times out rather than
+    cut it, however long it waits."""
+    traffic = Traffic(
+        {
+            "chat": rule(
+                "chat", WARM, priority=300, queue_timeout_s=600, max_concurrency=1, queue_max=64
+            ),
+            "coder": rule("coder", priority=200, queue_timeout_s=60),
+        },
+        service_s=4.0,
+    )
+    for i in range(60):
+        traffic.request(f"chat{i}", "chat", 1.0 + 3 * i)  # arrives before the last ends
+    traffic.request("coder0", "coder", 10.0)
+    traffic.run(until=200)
+    assert traffic.refused == {"coder0": "queue_timeout"}
+    assert traffic.evictions == []
+
+
+def test_a_swapped_in_equal_priority_serves_its_queue_and_joiners_before_giving_memory_back() -> (
+    None
+):
+    traffic = Traffic(
+        {
+            "a": rule("a", priority=100, max_concurrency=1, queue_timeout_s=300),
+            "b": rule("b", priority=100, max_concurrency=1, queue_timeout_s=300),
+        }
+    )
+    for i in range(3):
+        traffic.request(f"a{i}", "a", 1.0 + i)
+    traffic.request("b0", "b", 8.0)  # a is loading for its three: b waits
+    traffic.request("a3", "a", 12.0)  # joins a's batch while it is served
+    traffic.run(until=200)
+    assert traffic.refused == {}
+    last_a = max(traffic.granted[f"a{i}"] for i in range(4))
+    assert traffic.granted["b0"] > last_a
+    assert traffic.loads == {"a": 1, "b": 1}
+
+
+def test_waiting_loads_are_tried_by_the_cost_of_their_wait() -> None:
+    """Three old requests of a lower priority outweigh one fresh request of a higher
+    one: memory freed goes to the dearest wait, so no load is overtaken for ever."""
+    world = World(
+        rule("x", mib=900, max_concurrency=1),
+        rule("lo", priority=100, queue_timeout_s=60),
+        rule("hi", priority=200, queue_timeout_s=60),
+    )
+    world.request("x1", "x", at=0)
+    for i in range(3):
+        world.request(f"lo{i}", "lo", at=1 + i)
+    world.ready("x", at=5)
+    world.request("hi1", "hi", at=40)
+    actions = world.finish("x1", at=41)  # x's batch is served: it may go
+    assert [n.service for n in notes(actions, "evict")] == ["lo"]
+    view_lo = world.sched.service_view("lo")
+    assert view_lo.wait_holders == () and view_lo.evicting == ("x",)
+
+
+def test_explain_says_by_when_each_holder_yields_in_clock_time() -> None:
+    rules = {
+        "chat": rule("chat", WARM, priority=300, protect_s=600),
+        "image": rule("image", priority=100, queue_timeout_s=120),
+    }
+    sched = Scheduler(rules, DeviceRule(), clock_text=lambda t: f"T+{t:g}")
+    world = World(*rules.values())
+    world.sched = sched
+    world.sample()
+    world.serve("chat")
+    world.send(LearnedChanged("image", Learned(load_s=20.0)), at=10)
+    answer = sched.explain("image", 100.0)
+    assert answer.verdict == "wait"
+    [holder] = answer.holders
+    assert holder["text"] == ("chat (warm, priority 300) idle 1m40s, yields by T+190 at the latest")
+    assert holder["yields_in_s"] == 90.0

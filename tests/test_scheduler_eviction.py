@@ -1,4 +1,9 @@
-"""Who may evict whom and when, victim preferences, and admission decisions (DESIGN 4)."""
+"""Who may evict whom, victim preferences, and admission decisions (docs/policy.md).
+
+When a protected holder yields to what waits (deadlines, costs, batches) is in
+tests/test_scheduler_yielding.py; here the askers have nothing waiting unless a test
+says, so the residency table and ``protect`` lapsing decide.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,11 @@ from service.scheduler import ServiceRule
 from service.scheduler.admission import Evict, Place, Refuse, Room, Wait, decide
 from service.scheduler.eviction import (
     RELOAD_COST_TOLERANCE,
-    Block,
     Resident,
     choose_victims,
     cost_classes,
-    eviction_block,
-    may_evict,
 )
+from service.scheduler.yielding import Asker, Block, eviction_block, may_evict
 
 MiB = 1024**2
 NEVER = math.inf
@@ -43,6 +46,11 @@ def rule(name: str = "s", priority: int = 100, residency: Residency = ON_DEMAND)
         idle_ttl_s=0.0,
         stop_timeout_s=1.0,
     )
+
+
+def ask(name: str = "s", priority: int = 100) -> Asker:
+    """A load with nothing waiting for it (no deadline, nothing to weigh)."""
+    return Asker(rule(name, priority))
 
 
 def res(
@@ -105,10 +113,10 @@ def res(
         (WINDOW, 100, 100, False, False, 0, 0, None),
         (WINDOW, 500, 1, True, False, 0, 0, None),
         # no-thrash: an instance still serving what it was loaded for resists an equal
-        # priority, but not a strictly higher one
+        # priority and, while no request of it would miss its SLO, a higher one
         (ON_DEMAND, 100, 100, True, True, 60, 0, Block.BATCH),
-        (ON_DEMAND, 100, 101, True, True, 60, 0, None),
-        (WARM, 100, 101, True, True, 60, 0, None),
+        (ON_DEMAND, 100, 101, True, True, 60, 0, Block.BATCH),
+        (WARM, 100, 101, True, True, 60, 0, Block.BATCH),
     ],
 )
 def test_eviction_block(
@@ -124,20 +132,20 @@ def test_eviction_block(
     victim = res(
         "v", residency=residency, priority=victim_p, busy=busy, batch=batch, protect_s=protect
     )
-    assert eviction_block(rule("e", evictor_p), victim, now) is block
-    assert may_evict(rule("e", evictor_p), victim, now) is (block is None)
+    assert eviction_block(ask("e", evictor_p), victim, now) is block
+    assert may_evict(ask("e", evictor_p), victim, now) is (block is None)
 
 
 def test_protection_counts_from_the_last_request_finished() -> None:
     victim = res("v", residency=WARM, priority=300, last_used=1000.0, protect_s=600)
-    low = rule("low", 100)
+    low = ask("low", 100)
     assert victim.protected_until() == 1600.0
     assert eviction_block(low, victim, 1599.9) is Block.PROTECTED
     assert eviction_block(low, victim, 1600.0) is None
 
 
 def test_a_service_never_evicts_itself() -> None:
-    assert eviction_block(rule("v", 1000), res("v", residency=WINDOW), 0) is Block.SELF
+    assert eviction_block(ask("v", 1000), res("v", residency=WINDOW), 0) is Block.SELF
 
 
 def names(victims: tuple[Resident, ...] | None) -> list[str] | None:
@@ -151,8 +159,18 @@ def names(victims: tuple[Resident, ...] | None) -> list[str] | None:
         (0, [res("a")], []),
         # even all of them fall short
         (500, [res("a", 200), res("b", 200)], None),
-        # fewest instances first: one big busy one beats two small idle ones
-        (300, [res("big", 300, busy=True), res("s1", 150), res("s2", 150)], ["big"]),
+        # idle before busy: two small idle ones beat one big busy one
+        (300, [res("big", 300, busy=True), res("s1", 150), res("s2", 150)], ["s1", "s2"]),
+        # lower priorities before fewer victims: two idle 200s before one 300
+        (
+            300,
+            [res("big", 300, priority=300), res("s1", 150, priority=200), res("s2", 150)],
+            ["s1", "s2"],
+        ),
+        # the same priorities: the fewest
+        (300, [res("big", 300), res("s1", 150), res("s2", 150)], ["big"]),
+        # only minimal sets: no victim that could be spared
+        (300, [res("big", 300), res("s1", 100, priority=10)], ["big"]),
         # among sets of one: idle over busy
         (100, [res("busy", 200, busy=True), res("idle", 100)], ["idle"]),
         # then lower priority
@@ -251,9 +269,9 @@ def room(
 def test_place_on_the_device_with_least_room_left_best_fit() -> None:
     """Best fit: a small load fills the tightest gap, so a large one later still finds
     the big free device whole."""
-    decision = decide(rule(), 300, [room(0, 900), room(1, 400), room(2, 200)], 0)
+    decision = decide(Asker(rule()), 300, [room(0, 900), room(1, 400), room(2, 200)], 0)
     assert decision == Place(1, 400)
-    assert decide(rule(), 300, [room(0, 400), room(1, 400)], 0) == Place(0, 400)
+    assert decide(Asker(rule()), 300, [room(0, 400), room(1, 400)], 0) == Place(0, 400)
 
 
 def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> None:
@@ -271,7 +289,7 @@ def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> 
             headroom=128 * MiB,
         )
     ]
-    decision = decide(rule("demo-image", 100), 600 * MiB, rooms, 0)
+    decision = decide(Asker(rule("demo-image", 100)), 600 * MiB, rooms, 0)
     assert isinstance(decision, Refuse)
     assert decision.message == (
         "demo-image needs 600MiB but at most 460MiB can be freed on device 0: pinned chat "
@@ -279,12 +297,12 @@ def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> 
     )
     assert decision.data["devices"][0]["holders"] == {"chat": 450 * MiB}
     # 460 MiB could be freed: a load that needs it waits (tts outranks it), never refused
-    assert isinstance(decide(rule("demo-image", 100), 460 * MiB, rooms, 0), Wait)
+    assert isinstance(decide(Asker(rule("demo-image", 100)), 460 * MiB, rooms, 0), Wait)
 
 
 def test_refusal_covers_every_candidate_device() -> None:
     rooms = [room(0, 100, (res("p", 500, residency=PINNED),)), room(1, 200, budget_limit=200)]
-    decision = decide(rule("x"), 600, rooms, 0)
+    decision = decide(Asker(rule("x")), 600, rooms, 0)
     assert isinstance(decision, Refuse)
     assert "at most 500B can be freed on device 0: pinned p holds 500B" in decision.message
     assert "; at most 200B can be freed on device 1: budget limit 200B of 1000B" in decision.message
@@ -296,37 +314,37 @@ def test_evict_on_the_device_needing_the_best_victim_set() -> None:
         room(1, 100, (res("c", 600, busy=True),)),  # one busy victim
         room(2, 100, (res("d", 700),)),  # one idle victim
     ]
-    decision = decide(rule(), 600, rooms, 0)
+    decision = decide(Asker(rule()), 600, rooms, 0)
     assert isinstance(decision, Evict)
     assert (decision.device, names(decision.victims), decision.deficit) == (2, ["d"], 500)
 
 
 def test_memory_already_coming_back_is_claimed_before_evicting() -> None:
     going = res("going", 300, state=STOPPING)
-    decision = decide(rule(), 500, [room(0, 100, (going, res("idle", 300)))], 0)
+    decision = decide(Asker(rule()), 500, [room(0, 100, (going, res("idle", 300)))], 0)
     assert isinstance(decision, Evict)
     assert names(decision.claimed) == ["going"]
     assert names(decision.victims) == ["idle"]
-    only_going = decide(rule(), 350, [room(0, 100, (going, res("idle", 300)))], 0)
+    only_going = decide(Asker(rule()), 350, [room(0, 100, (going, res("idle", 300)))], 0)
     assert isinstance(only_going, Evict)
     assert (names(only_going.victims), names(only_going.claimed)) == ([], ["going"])
 
 
 def test_memory_claimed_by_another_load_is_not_counted() -> None:
     claimed = res("going", 300, state=STOPPING, claimed_by="other")
-    decision = decide(rule(), 300, [room(0, 100, (claimed, res("idle", 300)))], 0)
+    decision = decide(Asker(rule()), 300, [room(0, 100, (claimed, res("idle", 300)))], 0)
     assert isinstance(decision, Evict)
     assert (names(decision.victims), names(decision.claimed)) == (["idle"], [])
 
 
 def test_wait_when_what_could_be_evicted_is_still_starting() -> None:
-    decision = decide(rule(), 500, [room(0, 100, (res("loading", 600, state=STARTING),))], 0)
+    decision = decide(Asker(rule()), 500, [room(0, 100, (res("loading", 600, state=STARTING),))], 0)
     assert isinstance(decision, Wait)
     assert [(h.name, h.why) for h in decision.holders] == [("loading", "starting")]
 
 
 def test_holds_of_other_loads_do_not_cause_a_refusal() -> None:
-    decision = decide(rule(), 500, [room(0, -100, held_by_others=600)], 0)
+    decision = decide(Asker(rule()), 500, [room(0, -100, held_by_others=600)], 0)
     assert isinstance(decision, Wait)
     assert [(h.why, h.by, h.charge) for h in decision.holders] == [("held", "other", 600)]
 
@@ -334,34 +352,34 @@ def test_holds_of_other_loads_do_not_cause_a_refusal() -> None:
 def test_a_lower_priority_waits_for_a_higher_ones_protection_then_evicts() -> None:
     hi = res("hi", 1000, residency=WARM, priority=500, last_used=100.0, protect_s=600)
     rooms = [room(0, 0, (hi,))]
-    waiting = decide(rule("lo", 100), 500, rooms, 400.0)
+    waiting = decide(Asker(rule("lo", 100)), 500, rooms, 400.0)
     assert isinstance(waiting, Wait)
     (holder,) = waiting.holders
     assert (holder.name, holder.why, holder.yields_at) == ("hi", "protected", 700.0)
     assert waiting.message("lo", 400.0) == (
-        "lo waits for 500B (0B on device 0 available): hi (warm, priority 500) used 5m ago, "
-        "protected for another 5m"
+        "lo waits for 500B (0B on device 0 available): hi (warm, priority 500) idle 5m, "
+        "yields within 5m at the latest"
     )
     assert waiting.yields_at() == 700.0
-    later = decide(rule("lo", 100), 500, rooms, 700.0)
+    later = decide(Asker(rule("lo", 100)), 500, rooms, 700.0)
     assert isinstance(later, Evict) and names(later.victims) == ["hi"]
-    assert isinstance(decide(rule("hier", 600), 500, rooms, 400.0), Evict)
+    assert isinstance(decide(Asker(rule("hier", 600)), 500, rooms, 400.0), Evict)
 
 
 def test_a_busy_higher_priority_is_waited_for_and_named_busy() -> None:
     hi = res("hi", 1000, residency=ON_DEMAND, priority=500, busy=True, protect_s=0)
-    decision = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 1e6)
+    decision = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 1e6)
     assert isinstance(decision, Wait)
     assert decision.message("lo", 1e6).endswith(
-        "hi (on-demand, priority 500) busy: 1 in flight, 0 queued"
+        "hi (on-demand, priority 500) busy (1 in flight, 0 queued), yields when idle"
     )
     assert decision.yields_at() is None
 
 
 def test_the_wait_key_ignores_the_passing_time() -> None:
     hi = res("hi", 1000, residency=WARM, priority=500, last_used=0.0, protect_s=600)
-    first = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 10.0)
-    second = decide(rule("lo", 100), 500, [room(0, 0, (hi,))], 20.0)
+    first = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 10.0)
+    second = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 20.0)
     assert isinstance(first, Wait) and isinstance(second, Wait)
     assert first.key == second.key
     assert first.message("lo", 10.0) != second.message("lo", 20.0)

@@ -252,6 +252,7 @@ def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -
     from service.scheduler.admission import Evict, Place, Refuse, Room, decide, max_offer
     from service.scheduler.eviction import Resident
     from service.scheduler.rules import share_of
+    from service.scheduler.yielding import Asker
 
     rng = __import__("random").Random(20261201)
     for _ in range(400):
@@ -280,7 +281,7 @@ def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -
             available = budget - sum(x.charge for x in residents)
             rooms.append(Room(d, available, budget, 0, budget, 0, 0, None, residents=residents))
         need = r.estimate
-        decision = decide(r, need, rooms, 1000.0)
+        decision = decide(Asker(r), need, rooms, 1000.0)
         sizes = [share_of(need, shares, i) for i in range(span)]
         by_device = {room.device: room for room in rooms}
         if isinstance(decision, Place):

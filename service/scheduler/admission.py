@@ -21,21 +21,15 @@ the same answer without applying it. It follows DESIGN section 4:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Any
 
 from service.domain import InstanceState, Residency
-from service.scheduler.eviction import (
-    Block,
-    Resident,
-    SetKey,
-    choose_victims,
-    eviction_block,
-    set_key,
-)
+from service.scheduler.eviction import Resident, SetKey, choose_victims, set_key
 from service.scheduler.rules import ServiceRule, share_of
+from service.scheduler.yielding import Asker, Block, eviction_block, holder_yield
 from service.units import format_duration, format_size
 
 
@@ -111,14 +105,26 @@ class Evict(_OnDevices):
     spans: tuple[Span, ...] = ()
 
 
+# Turns a time on the scheduler's clock into words ("12:03:10"); the daemon passes one
+# that knows the wall clock, the bench none (then "in 1m10s").
+ClockText = Callable[[float], str]
+
+
+def when_text(at: float, now: float, clock: ClockText | None) -> str:
+    """``by 12:03:10`` if ``clock`` knows the wall clock, else ``within 1m10s``."""
+    if clock is not None:
+        return f"by {clock(at)}"
+    return f"within {format_duration(max(0.0, at - now))}"
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Something a waiting load waits for: an instance, or another load's reservation.
 
     ``why`` is a ``Block`` value, or ``starting`` / ``stopping`` / ``claimed`` (by
     another waiting load, ``by``) / ``held`` (memory reserved for ``by``'s load).
-    ``yields_at`` is when it can yield if nothing changes (a protection lapsing), when
-    known.
+    ``yields_at`` is the latest moment it yields if nothing else changes (its
+    protection lapsing, the waiting load's deadline or SLO), when known.
     """
 
     name: str
@@ -139,23 +145,29 @@ class Holder:
             return None
         return max(0.0, now - self.last_used)
 
-    def describe(self, now: float) -> str:
+    def describe(self, now: float, clock: ClockText | None = None) -> str:
         if self.why == "held":
             return f"{format_size(self.charge)} held for {self.by}'s load"
         who = f"{self.name} ({self.residency}, priority {self.priority})"
+        latest = None if self.yields_at is None else when_text(self.yields_at, now, clock)
         match self.why:
             case Block.PROTECTED:
-                assert self.last_used is not None and self.yields_at is not None
-                return (
-                    f"{who} used {format_duration(max(0.0, now - self.last_used))} ago, "
-                    f"protected for another {format_duration(max(0.0, self.yields_at - now))}"
-                )
+                idle = format_duration(self.idle_for(now) or 0.0)
+                if latest is None:
+                    return f"{who} idle {idle}, protected"
+                return f"{who} idle {idle}, yields {latest} at the latest"
             case Block.BUSY:
-                return f"{who} busy: {self.in_flight} in flight, {self.queued} queued"
+                return (
+                    f"{who} busy ({self.in_flight} in flight, {self.queued} queued), "
+                    "yields when idle"
+                )
             case Block.NEVER:
-                return f"{who} never yields to a lower priority (protect: never)"
+                return f"{who} protect: never: does not yield to a lower priority"
             case Block.BATCH:
-                return f"{who} serving the requests it was loaded for"
+                text = f"{who} serving the requests it was loaded for"
+                if latest is None:
+                    return f"{text}, yields when they are served"
+                return f"{text}, yields {latest} at the latest"
             case "starting":
                 return f"{who} still starting"
             case "stopping":
@@ -164,7 +176,7 @@ class Holder:
                 return f"{who} claimed by {self.by}'s load"
         return f"{who} holds {format_size(self.charge)}"
 
-    def as_dict(self, now: float) -> dict[str, Any]:
+    def as_dict(self, now: float, clock: ClockText | None = None) -> dict[str, Any]:
         return {
             "service": self.name,
             "device": self.device,
@@ -177,7 +189,7 @@ class Holder:
             "idle_for_s": self.idle_for(now),
             "yields_in_s": None if self.yields_at is None else max(0.0, self.yields_at - now),
             "by": self.by,
-            "text": self.describe(now),
+            "text": self.describe(now, clock),
         }
 
 
@@ -187,11 +199,11 @@ class Wait:
     available: dict[int, int]
     holders: tuple[Holder, ...]
 
-    def message(self, name: str, now: float) -> str:
+    def message(self, name: str, now: float, clock: ClockText | None = None) -> str:
         rooms = ", ".join(f"{format_size(a)} on device {d}" for d, a in self.available.items())
         text = f"{name} waits for {format_size(self.need)} ({rooms} available)"
         if self.holders:
-            text += ": " + "; ".join(h.describe(now) for h in self.holders)
+            text += ": " + "; ".join(h.describe(now, clock) for h in self.holders)
         return text
 
     @property
@@ -202,6 +214,7 @@ class Wait:
         return ",".join(sorted(f"{h.name}:{h.by}" for h in self.holders))
 
     def yields_at(self) -> float | None:
+        """The latest moment the first holder yields (what a client is told)."""
         times = [h.yields_at for h in self.holders if h.yields_at is not None]
         return min(times) if times else None
 
@@ -215,10 +228,11 @@ class Refuse:
 Decision = Place | Evict | Wait | Refuse
 
 
-def decide(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Decision:
-    """Admission of a load of ``rule.name`` needing ``need`` bytes (steps 1-4 above)."""
+def decide(asker: Asker, need: int, rooms: Sequence[Room], now: float) -> Decision:
+    """Admission of ``asker``'s load needing ``need`` bytes (steps 1-4 above)."""
+    rule = asker.rule
     if rule.span > 1:
-        return _decide_span(rule, need, rooms, now)
+        return _decide_span(asker, need, rooms, now)
     fitting = [room for room in rooms if need <= room.available]
     if fitting:
         best = min(fitting, key=lambda room: (room.available - need, room.device))
@@ -226,23 +240,22 @@ def decide(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> D
     offers = {room.device: max_offer(room) for room in rooms}
     if all(need > offers[room.device] for room in rooms):
         return _refusal(rule, need, rooms, offers)
-    options: list[tuple[tuple[int, SetKey, int, int], Evict]] = []
+    options: list[tuple[tuple[SetKey, int, int], Evict]] = []
     for room in rooms:
         if need > offers[room.device]:
             continue
-        plan = _plan_on(rule, need, room, now)
+        plan = _plan_on(asker, need, room, now)
         if plan is None:
             continue
         freed = sum(v.charge for v in (*plan.victims, *plan.claimed))
         rank = (
-            len(plan.victims),
             set_key(plan.victims),
             need - room.available - freed,
             room.device,
         )
         options.append((rank, plan))
     if not options:
-        return _wait(rule, need, [r for r in rooms if need <= offers[r.device]], now)
+        return _wait(asker, need, [r for r in rooms if need <= offers[r.device]], now)
     return min(options, key=lambda option: option[0])[1]
 
 
@@ -256,7 +269,7 @@ def max_offer(room: Room) -> int:
     return room.budget - pinned
 
 
-def _plan_on(rule: ServiceRule, need: int, room: Room, now: float) -> Evict | None:
+def _plan_on(asker: Asker, need: int, room: Room, now: float) -> Evict | None:
     deficit = need - room.available
     claimed: list[Resident] = []
     coming = [r for r in room.residents if r.going and r.claimed_by is None]
@@ -271,7 +284,7 @@ def _plan_on(rule: ServiceRule, need: int, room: Room, now: float) -> Evict | No
         if not r.going
         and r.claimed_by is None
         and r.state is InstanceState.READY
-        and eviction_block(rule, r, now) is None
+        and eviction_block(asker, r, now) is None
     ]
     victims = choose_victims(rest, candidates)
     if victims is None:
@@ -279,7 +292,7 @@ def _plan_on(rule: ServiceRule, need: int, room: Room, now: float) -> Evict | No
     return Evict(room.device, room.available, deficit, victims, tuple(claimed))
 
 
-def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Decision:
+def _decide_span(asker: Asker, need: int, rooms: Sequence[Room], now: float) -> Decision:
     """``decide`` for a load that spans ``rule.span`` devices at once (``span: N``).
 
     Every set of ``span`` candidate devices is a candidate placement; device i of a set
@@ -289,6 +302,7 @@ def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float
     the set with the least room left over); else the set whose victims are fewest and
     best, each device's deficit covered by victims on that device; else it waits.
     """
+    rule = asker.rule
     span = rule.span
     ordered = sorted(rooms, key=lambda room: room.device)
     if len(ordered) < span:
@@ -317,22 +331,22 @@ def _decide_span(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float
     if not possible:
         per_device = ", ".join(format_size(n) for n in shares)
         return _refusal(rule, need, ordered, offers, f" ({per_device} on {span} devices)")
-    options: list[tuple[tuple[int, SetKey, int, tuple[int, ...]], Evict]] = []
+    options: list[tuple[tuple[SetKey, int, tuple[int, ...]], Evict]] = []
     plans: dict[tuple[int, int], Evict | None] = {}  # one device's plan, shared by sets
     for rs in possible:
-        plan = _plan_span(rule, rs, shares, now, plans)
+        plan = _plan_span(asker, rs, shares, now, plans)
         if plan is not None:
             freed = sum(v.charge for v in (*plan.victims, *plan.claimed))
-            rank = (len(plan.victims), set_key(plan.victims), plan.deficit - freed, plan.devices)
+            rank = (set_key(plan.victims), plan.deficit - freed, plan.devices)
             options.append((rank, plan))
     if not options:
         useful = {r.device: r for rs in possible for r in rs}
-        return _wait(rule, need, [useful[d] for d in sorted(useful)], now)
+        return _wait(asker, need, [useful[d] for d in sorted(useful)], now)
     return min(options, key=lambda option: option[0])[1]
 
 
 def _plan_span(
-    rule: ServiceRule,
+    asker: Asker,
     rooms: Sequence[Room],
     shares: Sequence[int],
     now: float,
@@ -358,7 +372,7 @@ def _plan_span(
         if freed == 0 and not any(r.name in chosen for r in room.residents):
             key = (room.device, size)
             if key not in plans:
-                plans[key] = _plan_on(rule, size, room, now)
+                plans[key] = _plan_on(asker, size, room, now)
             plan = plans[key]
         else:
             rest = replace(
@@ -366,7 +380,7 @@ def _plan_span(
                 available=room.available + freed,
                 residents=tuple(r for r in room.residents if r.name not in chosen),
             )
-            plan = _plan_on(rule, size, rest, now)
+            plan = _plan_on(asker, size, rest, now)
         if plan is None:
             return None
         deficit += plan.deficit
@@ -386,12 +400,14 @@ def _plan_span(
     )
 
 
-def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holder, ...]:
-    """What keeps memory from ``rule``'s load on ``rooms`` now, largest first."""
+def holders(asker: Asker, rooms: Sequence[Room], now: float) -> tuple[Holder, ...]:
+    """What keeps memory from ``asker``'s load on ``rooms`` now, largest first."""
+    rule = asker.rule
     out: list[Holder] = []
     for room in rooms:
         for r in sorted(room.residents, key=lambda r: (-r.charge, r.name)):
             why: str | None
+            latest = None
             by = r.claimed_by
             if r.residency is Residency.PINNED:
                 continue  # never yields: counted in max_offer, not waited for
@@ -402,7 +418,7 @@ def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holde
             elif r.state is InstanceState.STARTING:
                 why = "starting"
             else:
-                why = eviction_block(rule, r, now)
+                why, latest = holder_yield(asker, r, now)
             if why is None:
                 continue
             out.append(
@@ -416,7 +432,7 @@ def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holde
                     in_flight=r.in_flight,
                     queued=r.queued,
                     last_used=r.last_used,
-                    yields_at=r.protected_until() if why is Block.PROTECTED else None,
+                    yields_at=latest,
                     by=by if why in ("stopping", "claimed") else None,
                 )
             )
@@ -428,8 +444,8 @@ def holders(rule: ServiceRule, rooms: Sequence[Room], now: float) -> tuple[Holde
     return tuple(out)
 
 
-def _wait(rule: ServiceRule, need: int, rooms: Sequence[Room], now: float) -> Wait:
-    return Wait(need, {room.device: room.available for room in rooms}, holders(rule, rooms, now))
+def _wait(asker: Asker, need: int, rooms: Sequence[Room], now: float) -> Wait:
+    return Wait(need, {room.device: room.available for room in rooms}, holders(asker, rooms, now))
 
 
 def _refusal(

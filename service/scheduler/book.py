@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
 from service.scheduler.actions import Action, Grant, Note, Reject, Resolve, Stop, StopSleeper
-from service.scheduler.admission import Room
+from service.scheduler.admission import ClockText, Room
 from service.scheduler.ledger import Holding, Ledger, LedgerView
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 from service.scheduler.state import ServiceState, Waiter
@@ -39,13 +39,16 @@ class Book:
         self.ledger = Ledger(device_rule)
         self.services: dict[str, ServiceState] = {}
         self.requests: dict[str, str] = {}  # queued or in-flight request id -> service
+        self.granted_at: dict[str, float] = {}  # in-flight request id -> when granted
         self.allowed_now: frozenset[str] = frozenset()  # window-only services allowed now
         self.next_open: dict[str, float] = {}
         self.shutting_down = False
         self.now = 0.0
         self.out: list[Action] = []
-        # When the first protection a waiting load waits for lapses (see ``run_pass``).
+        # When admission should next look at the loads that wait (see ``run_pass``).
         self.next_wake = math.inf
+        # Clock times in messages (``Scheduler``'s ``clock_text``).
+        self.clock: ClockText | None = None
         self._seq = itertools.count()
         self._order: list[ServiceState] | None = None
         for name in sorted(rules):
@@ -134,7 +137,7 @@ class Book:
             headroom=self.ledger.rule.headroom,
             budget_limit=self.ledger.rule.budget_limit,
             residents=tuple(
-                s.snapshot(device)
+                s.snapshot(self.now, device)
                 for s in sorted(self.services.values(), key=lambda s: s.name)
                 if s.on(device)
             ),
@@ -158,6 +161,7 @@ class Book:
 
     def grant(self, svc: ServiceState, request_id: str) -> None:
         self.requests[request_id] = svc.name
+        self.granted_at[request_id] = self.now
         svc.in_flight.add(request_id)
         svc.last_used = self.now
         self.out.append(Grant(request_id, svc.name))
@@ -196,7 +200,7 @@ class Book:
         svc.started_at = None
         svc.drain_deadline = None
         svc.claimed_by = None
-        svc.loaded_for = frozenset()
+        svc.batch.clear()
         svc.retry_at = None
         svc.retry_after_room = False
 
@@ -230,6 +234,7 @@ class Book:
         """Forget requests whose process is gone; the proxy has answered them already."""
         for request_id in svc.in_flight:
             self.requests.pop(request_id, None)
+            self.granted_at.pop(request_id, None)
         svc.in_flight.clear()
 
     def drop_plan(self, svc: ServiceState) -> None:

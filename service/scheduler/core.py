@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from service.domain import InstanceState, Residency
 from service.scheduler import actions as act
 from service.scheduler.actions import Action, Note, Reject
+from service.scheduler.admission import ClockText
 from service.scheduler.book import Book
 from service.scheduler.events import (
     Event,
@@ -75,7 +76,6 @@ from service.scheduler.events import (
     UnloadRequested,
     WindowChanged,
 )
-from service.scheduler.eviction import Block, eviction_block
 from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
 from service.scheduler.operators import answer_operators
@@ -88,6 +88,7 @@ from service.scheduler.reasons import (
 )
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 from service.scheduler.state import ServiceView
+from service.scheduler.yielding import Block, eviction_block
 from service.units import format_duration
 
 S = InstanceState
@@ -104,8 +105,12 @@ class Scheduler:
         device_rule: DeviceRule,
         *,
         learned: Mapping[str, Learned] | None = None,
+        clock_text: ClockText | None = None,
     ) -> None:
+        """``clock_text`` turns a time on the scheduler's clock into a clock time for
+        messages ("yields by 12:03:10"); without one they say "in 1m10s"."""
         self._book = Book(rules, device_rule, learned or {})
+        self._book.clock = clock_text
 
     # ----------------------------------------------------------------- read-only views
 
@@ -118,7 +123,8 @@ class Scheduler:
         svc = self._book.services[name]
         # A restarting instance (draining, its own memory claimed) is not waiting.
         waiting = svc.state is S.STOPPED and (svc.plan is not None or self._book.wants(svc))
-        return svc.view(self._book.now if now is None else now, waiting_for_memory=waiting)
+        at = self._book.now if now is None else now
+        return svc.view(at, waiting_for_memory=waiting, clock=self._book.clock)
 
     def explain(self, name: str, now: float | None = None) -> Explanation:
         """What loading ``name`` now would do, changing nothing (``explain``).
@@ -142,8 +148,10 @@ class Scheduler:
         match event:
             case RequestArrived():
                 self._on_arrived(event)
-            case RequestCancelled() | RequestFinished():
-                self._on_request_gone(event.request_id)
+            case RequestCancelled():
+                self._on_request_gone(event.request_id, finished=False)
+            case RequestFinished():
+                self._on_request_gone(event.request_id, finished=True)
             case InstanceReady():
                 self._on_ready(event)
             case InstanceBackoff():
@@ -195,6 +203,7 @@ class Scheduler:
             book.out.append(Reject(rid, name, act.MODEL_NOT_FOUND, message))
             return
         rule = svc.rule
+        svc.habits.arrived(book.now, svc.last_used if svc.idle else None)
         refusal: tuple[str, str, float | None] | None = None
         if book.shutting_down:
             refusal = (act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S)
@@ -206,6 +215,7 @@ class Scheduler:
         elif rule.residency is Residency.PINNED and svc.operator_unloaded:
             refusal = (act.INSUFFICIENT_CAPACITY, unloaded_message(svc), None)
         elif svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
+            svc.join_batch(rid)
             book.grant(svc, rid)
             return
         elif len(svc.in_flight) + len(svc.queue) >= rule.max_concurrency + rule.queue_max:
@@ -218,17 +228,21 @@ class Scheduler:
         if refusal is not None:
             book.out.append(Reject(rid, name, *refusal))
             return
+        svc.join_batch(rid)
         book.enqueue(svc, rid)
 
-    def _on_request_gone(self, request_id: str) -> None:
+    def _on_request_gone(self, request_id: str, *, finished: bool) -> None:
         book = self._book
         name = book.requests.pop(request_id, None)
+        granted = book.granted_at.pop(request_id, None)
         svc = book.services.get(name) if name is not None else None
         if svc is None:
             return
         if request_id in svc.in_flight:
             svc.in_flight.discard(request_id)
             svc.last_used = book.now
+            if finished and granted is not None:
+                svc.habits.finished(book.now - granted)
             return
         for waiter in svc.queue:
             if waiter.request_id == request_id:
@@ -315,7 +329,7 @@ class Scheduler:
                         f"waited {format_duration(waited)} in the queue of {svc.name} "
                         f"(queue.timeout {format_duration(rule.queue_timeout_s)})"
                     )
-                    why, retry = what_it_waited_for(svc, now)
+                    why, retry = what_it_waited_for(svc, now, book.clock)
                     if why:
                         message += f": {why}"
                     book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, retry)
@@ -393,7 +407,8 @@ class Scheduler:
             and other.resident
             and set(other.devices) & set(svc.devices)
             and other.state in (S.READY, S.STARTING)
-            and eviction_block(svc.rule, other.snapshot(), book.now) in (None, Block.BATCH)
+            and eviction_block(svc.asker(book.now), other.snapshot(book.now), book.now)
+            in (None, Block.BATCH)
         ]
         svc.retry_after_room = True
         if not victims:

@@ -1,39 +1,26 @@
-"""Who may evict whom now, and which victims to pick (DESIGN section 4, step 3).
+"""Which victims to pick, and the snapshot of a resident instance that choice reads.
 
-The residency table decides *whether* an instance may be evicted for a service now:
+``Resident`` is a resident instance as admission sees it (its charge on one device,
+whether it is busy, what its traffic has shown); ``outranks`` is the residency table's
+first clause (``yielding`` decides the rest: when a protected holder yields).
 
-    pinned       never
-    warm         by a strictly higher priority; by an equal or lower one once it has
-                 been idle for its ``protect``
-    on-demand    by an equal or higher priority; by a lower one once idle for ``protect``
-    window-only  by anything (it is batch work)
-
-An evictor the table's first clause does not allow is *outranked*: for it the instance
-yields only when idle, and only after ``protect`` (``never``: not at all). An instance
-with requests in flight or queued is never evicted by an outranked service.
-
-The no-thrash rule stays: an instance still serving the requests that were queued when
-its load began is protected from an *equal* priority (a strictly higher one still wins),
-so two equal services cannot take turns evicting each other before either serves
-anything.
-
-``eviction_block`` says why an instance cannot be evicted now (None: it can), so the
-same rule decides, explains a wait and says when the holder can yield.
-
-``choose_victims`` then picks the set: the fewest instances that cover the deficit, and
-among sets of that size the one that evicts idle instances before busy ones, lower
-priorities before higher, cheaper reloads (learned load seconds per byte freed) before
-dearer, and least recently used before recently used; names break the last tie so the
-same state always gives the same plan. Reload costs within ``RELOAD_COST_TOLERANCE`` of
-each other compare as equal (``cost_classes``), so measurement noise never reorders two
-alike services: recency decides between them. An unknown load time counts as 0 s: every
-resident instance has been loaded, so the orchestrator normally knows it, and guessing a
-default would rank services by an invented figure.
+``choose_victims`` picks, among the instances that may be evicted now, the set that
+covers the deficit at the least cost. Only minimal sets count (none of their members
+could be spared), and among them: idle instances before busy ones, lower priorities
+before higher (two idle 200s before one 300), the least likely to be asked again soon
+before the likelier, cheaper reloads (learned load seconds per byte freed) before
+dearer, fewer before more, and least recently used before recently used; names break
+the last tie so the same state always gives the same plan. Reload costs within
+``RELOAD_COST_TOLERANCE`` of each other compare as equal (``cost_classes``), and the
+chance of being asked again counts in coarse classes (``LIKELY_CLASSES``), so
+measurement noise never reorders two alike services: recency decides between them. An
+unknown load time counts as 0 s for that order: every resident instance has been
+loaded, so the orchestrator normally knows it, and guessing a default would rank
+services by an invented figure.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,31 +29,33 @@ from itertools import combinations
 from service.domain import InstanceState, Residency
 from service.scheduler.rules import ServiceRule
 
-# Above this many same-size combinations the exact search gives way to "the k largest",
-# which always covers the deficit with the fewest instances. With the handful of services
-# one machine runs, the exact search is what actually happens.
-MAX_COMBINATIONS = 20_000
+# Above this many candidates the exact search over victim sets (2^n of them) gives way
+# to a greedy one. With the handful of services one device holds, the exact search is
+# what actually happens.
+MAX_EXACT = 12
 
 # Two reload costs within this factor of each other compare as equal. Learned load times
 # jitter by tens of percent between loads of the same model (disk cache, clocks); only a
 # clearly cheaper reload should beat recency.
 RELOAD_COST_TOLERANCE = 1.5
 
-
-class Block(enum.StrEnum):
-    """Why an instance cannot be evicted for a given service now."""
-
-    SELF = "self"
-    PINNED = "pinned"
-    NEVER = "never"  # outranks the evictor and its protect is ``never``
-    BUSY = "busy"  # outranks the evictor and has requests in flight or queued
-    PROTECTED = "protected"  # outranks the evictor, idle, within its protect
-    BATCH = "batch"  # no-thrash: serving what it was loaded for, evictor of equal priority
+# The chance of being asked again that separates "unlikely", "maybe" and "likely" in the
+# choice of victims (coarse on purpose: estimates jitter, classes do not).
+LIKELY_CLASSES = (0.2, 0.5, 0.8)
+# "Soon", for the choice among victims: the next few minutes.
+SOON_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
 class Resident:
-    """A resident instance as eviction sees it: a snapshot, not the live record."""
+    """A resident instance as eviction sees it: a snapshot, not the live record.
+
+    From its own traffic (``habits``): ``p_again``, the chance it is asked again before
+    its protection lapses; ``p_soon``, within the next ``SOON_S``; ``reload_cost``, its
+    priority x ``p_again`` x the requests that would wait for its reload (the next one,
+    and those expected to arrive during the load); ``service_s``, how long a request
+    takes (a batch's drain).
+    """
 
     name: str
     residency: Residency
@@ -76,12 +65,16 @@ class Resident:
     busy: bool
     last_used: float | None = None
     load_s: float | None = None
-    # No-thrash: still serving requests that were queued when its load began.
+    # No-thrash: still serving the batch of requests it was loaded for.
     batch_pending: bool = False
     claimed_by: str | None = None
     protect_s: float = 0.0
     in_flight: int = 0
     queued: int = 0
+    p_again: float = 1.0
+    p_soon: float = 1.0
+    reload_cost: float = 0.0
+    service_s: float = 0.0
 
     @property
     def going(self) -> bool:
@@ -110,34 +103,9 @@ def outranks(victim: Resident, evictor: ServiceRule) -> bool:
     return victim.residency is Residency.PINNED
 
 
-def eviction_block(evictor: ServiceRule, victim: Resident, now: float) -> Block | None:
-    """Why ``evictor``'s load may not evict ``victim`` at ``now``; None if it may."""
-    if victim.name == evictor.name:
-        return Block.SELF
-    if victim.residency is Residency.PINNED:
-        return Block.PINNED
-    if victim.residency is Residency.WINDOW_ONLY:
-        return None
-    if not outranks(victim, evictor):
-        if victim.batch_pending and victim.priority == evictor.priority:
-            return Block.BATCH
-        return None
-    if math.isinf(victim.protect_s):
-        return Block.NEVER
-    if victim.busy:
-        return Block.BUSY
-    until = victim.protected_until()
-    if until is not None and now < until:
-        return Block.PROTECTED
-    return None
-
-
-def may_evict(evictor: ServiceRule, victim: Resident, now: float) -> bool:
-    return eviction_block(evictor, victim, now) is None
-
-
-# (busy count, priorities high to low, reload cost class, recencies new to old, names)
-SetKey = tuple[int, tuple[int, ...], int, tuple[float, ...], tuple[str, ...]]
+# (busy count, priorities high to low, likelihood classes high to low, reload cost class,
+#  how many, recencies new to old, names)
+SetKey = tuple[int, tuple[int, ...], tuple[int, ...], int, int, tuple[float, ...], tuple[str, ...]]
 
 
 def reload_cost(victims: Sequence[Resident]) -> float:
@@ -164,41 +132,73 @@ def cost_classes(costs: Sequence[float]) -> list[int]:
     return [ranks[c] for c in costs]
 
 
+def likely_class(victim: Resident) -> int:
+    """How likely it is to be asked again soon (within ``SOON_S``), in coarse classes."""
+    return sum(1 for edge in LIKELY_CLASSES if victim.p_soon >= edge)
+
+
 def set_key(victims: Sequence[Resident], cost_class: int = 0) -> SetKey:
-    """Order of preference among victim sets of the same size (smaller is better)."""
+    """Order of preference among victim sets (smaller is better): busy ones last, then
+    by the priorities they hold (two idle 200s before one 300), the likelihood of being
+    asked again, reload cost, then the fewest, then the least recently used."""
     return (
         sum(1 for v in victims if v.busy),
         tuple(sorted((v.priority for v in victims), reverse=True)),
+        tuple(sorted((likely_class(v) for v in victims), reverse=True)),
         cost_class,
+        len(victims),
         tuple(sorted((_recency(v) for v in victims), reverse=True)),
         tuple(sorted(v.name for v in victims)),
     )
 
 
 def choose_victims(deficit: int, candidates: Sequence[Resident]) -> tuple[Resident, ...] | None:
-    """The preferred smallest set of ``candidates`` whose charges cover ``deficit``.
+    """The preferred set of ``candidates`` whose charges cover ``deficit``.
 
-    Returns ``()`` when nothing needs evicting and None when even all of them fall short.
+    Only minimal sets count (none of their members could be spared), and among them the
+    least costly (``set_key``) wins. Returns ``()`` when nothing needs evicting and None
+    when even all of them fall short.
     """
     if deficit <= 0:
         return ()
     pool = sorted(candidates, key=lambda v: v.name)
-    largest = sorted((v.charge for v in pool), reverse=True)
-    size, covered = 0, 0
-    for charge in largest:
-        size += 1
-        covered += charge
-        if covered >= deficit:
-            break
-    else:
+    if sum(v.charge for v in pool) < deficit:
         return None
-    if math.comb(len(pool), size) > MAX_COMBINATIONS:
-        chosen = sorted(pool, key=lambda v: (-v.charge, v.name))[:size]
-        return tuple(sorted(chosen, key=lambda v: v.name))
-    sets = [c for c in combinations(pool, size) if sum(v.charge for v in c) >= deficit]
+    if len(pool) > MAX_EXACT:
+        return _greedy(deficit, pool)
+    sets = [
+        combo
+        for size in range(1, len(pool) + 1)
+        for combo in combinations(pool, size)
+        if _minimal_cover(combo, deficit)
+    ]
     classes = cost_classes([reload_cost(c) for c in sets])
     keys = [set_key(c, k) for c, k in zip(sets, classes, strict=True)]
     return sets[min(range(len(sets)), key=keys.__getitem__)]
+
+
+def _minimal_cover(victims: Sequence[Resident], deficit: int) -> bool:
+    freed = sum(v.charge for v in victims)
+    return freed >= deficit and freed - min(v.charge for v in victims) < deficit
+
+
+def _greedy(deficit: int, pool: Sequence[Resident]) -> tuple[Resident, ...]:
+    """Many candidates: take them cheapest first (the largest first among equals) until
+    covered, then drop the spares."""
+
+    def order(v: Resident) -> tuple[object, ...]:
+        busy, priorities, likely, cost, _, recency, names = set_key((v,))
+        return (busy, priorities, likely, cost, -v.charge, recency, names)
+
+    chosen: list[Resident] = []
+    for victim in sorted(pool, key=order):
+        chosen.append(victim)
+        if sum(v.charge for v in chosen) >= deficit:
+            break
+    for victim in sorted(chosen, key=lambda v: set_key((v,)), reverse=True):
+        if sum(v.charge for v in chosen) - victim.charge >= deficit:
+            chosen.remove(victim)
+    return tuple(sorted(chosen, key=lambda v: v.name))
 
 
 def _recency(victim: Resident) -> float:

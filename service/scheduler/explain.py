@@ -9,7 +9,7 @@ fit -- with the figures behind it. It changes nothing: no action, no note, no cl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.domain import InstanceState
@@ -17,6 +17,7 @@ from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
 from service.scheduler.planner import candidates, first_in_line, line_order
 from service.scheduler.state import ServiceState
+from service.scheduler.yielding import Asker
 from service.units import format_duration, format_size
 
 S = InstanceState
@@ -89,7 +90,7 @@ def explain(book: Book, name: str, now: float) -> Explanation:
         return Explanation(name, "wait", message, need, behind=head)
     rooms = [book.room(d, svc) for d in devices]
     available = {room.device: room.available for room in rooms}
-    decision = decide(svc.rule, need, rooms, now)
+    decision = decide(_asker(svc, now), need, rooms, now)
     match decision:
         case Place():
             budget = book.ledger.budget(decision.device)
@@ -112,10 +113,10 @@ def explain(book: Book, name: str, now: float) -> Explanation:
             return Explanation(
                 name,
                 "wait",
-                decision.message(name, now).replace(" waits ", " would wait ", 1),
+                decision.message(name, now, book.clock).replace(" waits ", " would wait ", 1),
                 need,
                 available=decision.available,
-                holders=tuple(h.as_dict(now) for h in decision.holders),
+                holders=tuple(h.as_dict(now, book.clock) for h in decision.holders),
                 data={"yields_in_s": _yields_in(decision, now)},
             )
         case Refuse():
@@ -165,7 +166,10 @@ def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:
 
     A service nothing has asked for yet would join the line now: behind every request.
     """
-    mine = line_order(svc) if svc.queue else (-svc.rule.priority, math.inf, svc.name)
+    now = book.now
+    mine = line_order(svc, now)
+    if not svc.queue:  # a service nothing has asked for yet would join the line now
+        mine = (mine[0], mine[1], math.inf, mine[3])
     return sorted(
         (
             other
@@ -175,12 +179,21 @@ def _ahead_of(book: Book, svc: ServiceState) -> list[ServiceState]:
             and other.plan is None
             and book.wants(other)
             and (other.wait is not None or other.behind is not None)
-            and line_order(other) < mine
+            and line_order(other, now) < mine
         ),
-        key=line_order,
+        key=lambda other: line_order(other, now),
     )
 
 
 def _yields_in(wait: Wait, now: float) -> float | None:
     at = wait.yields_at()
     return None if at is None else max(0.0, at - now)
+
+
+def _asker(svc: ServiceState, now: float) -> Asker:
+    """The load as admission would weigh it: what waits for it, or else one request
+    arriving now (what "loading it now" means to a client)."""
+    asker = svc.asker(now)
+    if svc.queue:
+        return asker
+    return replace(asker, arrivals=(now,))

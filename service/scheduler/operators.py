@@ -45,7 +45,7 @@ def _outcome(book: Book, svc: ServiceState, kind: str) -> tuple[str, str] | None
     if svc.state is not S.STOPPED or svc.sleeper_stopping:
         return None
     if svc.plan is None and (svc.wait is not None or svc.behind is not None):
-        return "waiting", svc.waiting_text(book.now) or ""
+        return "waiting", svc.waiting_text(book.now, book.clock) or ""
     if not book.wants(svc):
         if svc.error:
             return "refused", svc.error

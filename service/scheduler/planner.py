@@ -20,6 +20,8 @@ from service.scheduler.state import Plan, ServiceState
 from service.units import format_size
 
 S = InstanceState
+# How often a waiting load is looked at again while nothing else happens (see ``run_pass``).
+REVISIT_S = 1.0
 
 
 def run_pass(book: Book, *, quiet: bool = False) -> None:
@@ -54,7 +56,7 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
         if s.state is S.STOPPED and book.wants(s) and not s.sleeper_stopping
     ]
     heads: list[ServiceState] = []  # loads earlier in line that wait for memory
-    for svc in sorted(loads, key=line_order):
+    for svc in sorted(loads, key=lambda s: line_order(s, book.now)):
         if svc.plan is not None:
             if any(book.claimed(svc, victim) for victim in svc.plan.victims):
                 continue  # victims still stopping: the plan stands, no second victim set
@@ -73,12 +75,18 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
         if svc.state is S.STOPPED and svc.plan is None and waiting:
             heads.append(svc)
     wakes = [at for w in heads if w.wait is not None and (at := w.wait.yields_at()) is not None]
-    book.next_wake = min(wakes, default=math.inf)
+    # A protection that gives way to the cost of a wait moves as the holder's idle time
+    # and the waiters' ages grow: look again now and then, not only at the estimate.
+    book.next_wake = min(min(wakes, default=math.inf), book.now + REVISIT_S)
 
 
-def line_order(svc: ServiceState) -> tuple[int, float, str]:
-    """Where a load stands in line: higher priority first, then its oldest request."""
-    return (-svc.rule.priority, svc.first_seq(), svc.name)
+def line_order(svc: ServiceState, now: float) -> tuple[bool, float, float, str]:
+    """Where a load stands in line: pinned services first (they are the floor every
+    other load stands on), then the dearest wait (priority x requests, each weighing
+    more as it ages toward its timeout; ``ServiceState.wait_cost``), then its oldest
+    request, so no waiting load is overtaken for ever."""
+    pinned = svc.rule.residency is Residency.PINNED
+    return (not pinned, -svc.wait_cost(now), svc.first_seq(), svc.name)
 
 
 def candidates(book: Book, rule: ServiceRule) -> list[int]:
@@ -99,7 +107,8 @@ def admit(book: Book, svc: ServiceState) -> None:
         message = f"{svc.name} may use GPUs {gpus} only, but vramd uses {list(sampled)}"
         _refuse(book, svc, message, {"gpus": gpus, "devices": list(sampled)})
         return
-    decision = decide(rule, need, [book.room(d, svc) for d in devices], book.now)
+    rooms = [book.room(d, svc) for d in devices]
+    decision = decide(svc.asker(book.now), need, rooms, book.now)
     match decision:
         case Place():
             _start(book, svc, decision, need)
@@ -114,17 +123,20 @@ def admit(book: Book, svc: ServiceState) -> None:
 def may_backfill(head: ServiceRule, rule: ServiceRule) -> bool:
     """Whether a load later in line may take memory the waiting ``head`` could use.
 
-    Only if ``head`` could take it back without waiting for a protection to lapse (the
-    residency table's first clause), so a waiting load is never overtaken for ever:
-    a pinned service always loads, window-only work is evictable by anything, an
-    on-demand one of equal or lower priority yields after the requests it was loaded
-    for, a warm one only to a strictly higher priority.
+    Only if it would give the memory back: every protection yields to a waiting request
+    before its deadline, except ``protect: never`` against a lower priority, so a load
+    that would hold memory that way waits behind ``head`` and no waiting load is
+    overtaken for ever. A pinned service always loads (it is never evicted, and counts
+    against what any load could ever get).
     """
-    if rule.residency in (Residency.PINNED, Residency.WINDOW_ONLY):
+    if rule.residency is Residency.PINNED:
         return True
-    if rule.residency is Residency.WARM:
-        return head.priority > rule.priority
-    return head.priority >= rule.priority
+    outranks = (
+        head.priority <= rule.priority
+        if rule.residency is Residency.WARM
+        else head.priority < rule.priority
+    )
+    return not (outranks and math.isinf(rule.protection_s))
 
 
 def first_in_line(book: Book, svc: ServiceState, heads: list[ServiceState]) -> str | None:
@@ -152,9 +164,9 @@ def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
     data = {
         "need": wait.need,
         "available": wait.available,
-        "holders": [h.as_dict(book.now) for h in wait.holders],
+        "holders": [h.as_dict(book.now, book.clock) for h in wait.holders],
     }
-    book.note(svc.name, "wait", wait.message(svc.name, book.now), **data)
+    book.note(svc.name, "wait", wait.message(svc.name, book.now, book.clock), **data)
 
 
 def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
@@ -186,7 +198,7 @@ def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
     svc.measured = 0
     svc.measured_by_device = {}
     svc.started_at = book.now
-    svc.loaded_for = frozenset(w.request_id for w in svc.queue)
+    svc.begin_batch()
     svc.load_intent = None
     svc.last_note = None
     svc.error = None

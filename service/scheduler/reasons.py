@@ -7,6 +7,7 @@ one an operator or a client sees (queue timeouts, refusals, ``vramd ps``).
 from __future__ import annotations
 
 from service.domain import InstanceState, Residency
+from service.scheduler.admission import ClockText
 from service.scheduler.state import ServiceState
 
 S = InstanceState
@@ -22,14 +23,16 @@ def expired_idle(svc: ServiceState, now: float) -> float | None:
     return now - svc.last_used
 
 
-def what_it_waited_for(svc: ServiceState, now: float) -> tuple[str | None, float | None]:
+def what_it_waited_for(
+    svc: ServiceState, now: float, clock: ClockText | None = None
+) -> tuple[str | None, float | None]:
     """What a queued request of ``svc`` was waiting for, and when that may change."""
     if svc.state in (S.DRAINING, S.STOPPING):
         return f"{svc.name} was stopping ({svc.stop_reason})", None
     if svc.plan is not None:
         victims = ", ".join(sorted(svc.plan.victims))
         return f"{svc.name} was waiting for {victims} to stop", None
-    text = svc.waiting_text(now) if svc.state is S.STOPPED else None
+    text = svc.waiting_text(now, clock) if svc.state is S.STOPPED else None
     if text is not None:
         yields = svc.wait.yields_at() if svc.wait is not None else None
         return text, None if yields is None else max(0.0, yields - now)

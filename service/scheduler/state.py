@@ -17,9 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.domain import RESIDENT_STATES, InstanceState, Residency
-from service.scheduler.admission import Wait
-from service.scheduler.eviction import Resident
+from service.scheduler.admission import ClockText, Wait
+from service.scheduler.eviction import SOON_S, Resident
+from service.scheduler.habits import Habits
 from service.scheduler.rules import Learned, ServiceRule, expected_peak, share_of
+from service.scheduler.yielding import DEFAULT_LOAD_S, Asker
 
 
 @dataclass(slots=True)
@@ -110,9 +112,12 @@ class ServiceState:
     measured_by_device: dict[int, int] = field(default_factory=dict)
     last_used: float | None = None
     started_at: float | None = None
-    # Requests queued when the current load began: the no-thrash rule protects the
-    # instance from equal priorities until they are served.
-    loaded_for: frozenset[str] = frozenset()
+    # No-thrash: the requests the current instance was loaded for, and those that joined
+    # while it worked through them (at most ``batch_room`` more); see ``batch_pending``.
+    batch: set[str] = field(default_factory=set)
+    batch_room: int = 0
+    # What its traffic has shown: idle gaps, request rate, service time.
+    habits: Habits = field(default_factory=Habits)
     # Why the last admission made this load wait (None: it did not), and the load it
     # waits behind when that one is first in line for the same memory.
     wait: Wait | None = None
@@ -205,11 +210,49 @@ class ServiceState:
 
     @property
     def batch_pending(self) -> bool:
-        """No-thrash: some request queued when the load began is still being served."""
-        if not self.loaded_for:
+        """No-thrash: a request of the batch the instance was loaded for is still queued
+        or in flight."""
+        if not self.batch:
             return False
-        waiting = {w.request_id for w in self.queue}
-        return any(r in waiting or r in self.in_flight for r in self.loaded_for)
+        return any(r in self.batch for r in self.in_flight) or any(
+            w.request_id in self.batch for w in self.queue
+        )
+
+    def begin_batch(self) -> None:
+        """A load starts for what waits now; up to a queue bound more may join."""
+        self.batch = {w.request_id for w in self.queue}
+        self.batch_room = self.rule.max_concurrency + self.rule.queue_max
+
+    def join_batch(self, request_id: str) -> None:
+        """A request arrived: it joins the batch while the batch is being served."""
+        if not self.batch_pending:
+            self.batch.clear()
+        elif self.batch_room > 0:
+            self.batch.add(request_id)
+            self.batch_room -= 1
+
+    @property
+    def load_s(self) -> float:
+        """Expected load time: learned, or a guess until it has loaded once."""
+        learned = self.learned.load_s
+        return DEFAULT_LOAD_S if learned is None else learned
+
+    def asker(self, now: float) -> Asker:
+        """This service's load as admission weighs it: what waits and for how long."""
+        return Asker(
+            rule=self.rule,
+            arrivals=tuple(w.arrived_at for w in self.queue),
+            load_s=self.load_s,
+            service_s=self.habits.expected_service_s,
+        )
+
+    def wait_cost(self, now: float) -> float:
+        """What keeping this load waiting costs: priority x (requests waiting, each
+        counted 1 when it arrives and 2 at its ``queue.timeout``). A load nothing waits
+        for (pinned, a preload, an operator's) counts as one fresh request."""
+        timeout = max(self.rule.queue_timeout_s, 1e-9)
+        weight = sum(1.0 + (now - w.arrived_at) / timeout for w in self.queue) or 1.0
+        return self.rule.priority * weight
 
     @property
     def wants_load(self) -> bool:
@@ -223,8 +266,16 @@ class ServiceState:
         """Arrival order of the load: intents (startup, operator) come before requests."""
         return self.queue[0].seq if self.queue else -1
 
-    def snapshot(self, device: int | None = None) -> Resident:
-        """The instance as eviction sees it; on ``device``: its charge there only."""
+    def snapshot(self, now: float, device: int | None = None) -> Resident:
+        """The instance as eviction sees it at ``now``; on ``device``: its charge there."""
+        protect = self.rule.protection_s
+        p_again = p_soon = 1.0
+        if self.idle and self.last_used is not None:
+            idle_for = max(0.0, now - self.last_used)
+            p_again = self.habits.p_asked_within(idle_for, protect - idle_for)
+            p_soon = self.habits.p_asked_within(idle_for, SOON_S)
+        load_s = self.load_s
+        during = 1.0 + self.habits.rate * load_s  # requests that arrive while it reloads
         return Resident(
             name=self.name,
             residency=self.rule.residency,
@@ -236,20 +287,26 @@ class ServiceState:
             load_s=self.learned.load_s,
             batch_pending=self.batch_pending,
             claimed_by=self.claimed_by,
-            protect_s=self.rule.protection_s,
+            protect_s=protect,
             in_flight=len(self.in_flight),
             queued=len(self.queue),
+            p_again=p_again,
+            p_soon=p_soon,
+            reload_cost=self.rule.priority * p_again * during,
+            service_s=self.habits.expected_service_s,
         )
 
-    def waiting_text(self, now: float) -> str | None:
+    def waiting_text(self, now: float, clock: ClockText | None = None) -> str | None:
         if self.plan is not None:
             victims = ", ".join(sorted(self.plan.victims))
             return f"{self.name} waits for {victims} to stop on {self.plan.where()}"
         if self.behind is not None:
             return f"{self.name} waits behind {self.behind}, first in line for the same memory"
-        return None if self.wait is None else self.wait.message(self.name, now)
+        return None if self.wait is None else self.wait.message(self.name, now, clock)
 
-    def view(self, now: float, *, waiting_for_memory: bool) -> ServiceView:
+    def view(
+        self, now: float, *, waiting_for_memory: bool, clock: ClockText | None = None
+    ) -> ServiceView:
         idle_for = None
         if self.state is InstanceState.READY and self.idle and self.last_used is not None:
             idle_for = max(0.0, now - self.last_used)
@@ -267,8 +324,8 @@ class ServiceState:
             waiting_for_memory=waiting_for_memory,
             restart_pending=self.restart_pending,
             error=self.error,
-            waiting_for=self.waiting_text(now) if waiting_for_memory else None,
-            wait_holders=tuple(h.as_dict(now) for h in self.wait.holders)
+            waiting_for=self.waiting_text(now, clock) if waiting_for_memory else None,
+            wait_holders=tuple(h.as_dict(now, clock) for h in self.wait.holders)
             if waiting_for_memory and self.wait is not None and self.behind is None
             else (),
             evicting=tuple(sorted(self.plan.victims)) if self.plan is not None else (),

@@ -1,0 +1,173 @@
+"""Who may evict whom now, and when a holder yields (docs/policy.md, "Priority,
+residency and protect"; docs/architecture.md, admission).
+
+The residency table decides *whether* an instance may be evicted for a load:
+
+    pinned       never
+    warm         by a strictly higher priority; by an equal or lower one once it is
+                 idle and its protection has yielded
+    on-demand    by an equal or higher priority; by a lower one the same way
+    window-only  by anything (it is batch work)
+
+A load the table's first clause does not allow is *outranked*. For it the instance
+yields only when idle (an instance with requests in flight or queued is never evicted
+for a lower priority), never with ``protect: never``, and otherwise when its protection
+yields to what waits: ``protect`` is a cost, not a lock. An idle protected instance
+yields at the earliest of
+
+- its protection lapsing (``protect`` after its last request finished);
+- the *deadline* of the waiting load (``Asker.deadline``): the arrival of its first
+  request that can still be served in time, plus ``queue.timeout``, less the load's
+  expected load time and a margin (``YIELD_MARGIN_S`` and ``YIELD_MARGIN_SHARE`` of the
+  load time). No request times out while idle memory could have served it, and none is
+  waited for once it would time out during the load whatever happens;
+- the moment keeping it costs more than the requests it blocks: the waiting requests
+  that could still meet their SLO, times their priority, outweigh ``RELOAD_WEIGHT`` x
+  the holder's expected reload cost (its priority x the chance it is asked again before
+  its protection lapses, learned from its own idle gaps (``habits``), x the requests
+  that would wait for its reload). A holder unlikely to be asked again yields to one
+  fresh request; one asked every few seconds holds until the deadline.
+
+No thrash: an instance loaded for waiting requests (its *batch*: those, and up to its
+queue bound of requests that join while it works through them) keeps its memory until
+the batch is served -- against an equal priority until that load's deadline, against a
+strictly higher one until the higher one's first request that can still meet its SLO
+would otherwise miss it (five service times, one load allowed: its load must begin
+within four service times of its arrival, less the batch's drain and stop).
+
+``holder_yield`` says why an instance holds its memory against a load now (None: it
+does not) and the latest moment it yields, so the same rule decides, explains a wait
+and names when each holder yields.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from service.domain import Residency
+from service.scheduler.eviction import Resident, outranks
+from service.scheduler.habits import DEFAULT_SERVICE_S
+from service.scheduler.rules import ServiceRule
+
+# A holder yields this long, plus this share of the waiting load's load time, before
+# the load's first savable request would time out: the holder's stop, the settle
+# barrier and a load slower than the last one all fit in it.
+YIELD_MARGIN_S = 5.0
+YIELD_MARGIN_SHARE = 0.25
+# The waiting requests' worth must exceed this many times the holder's expected reload
+# cost before it yields early (docs/benchmarks.md, "protect").
+RELOAD_WEIGHT = 1.0
+# A request still counts as able to meet its SLO this long past the moment its holder
+# should have started to yield (decisions run on events and ticks, not at exact times).
+SAVABLE_GRACE_S = 2.0
+# A draining instance's stop and the settle barrier after it, roughly.
+STOP_MARGIN_S = 2.0
+# Until a service has loaded once, its load is assumed to take this long.
+DEFAULT_LOAD_S = 10.0
+# An SLO is this many service times, plus the load time once (docs/benchmarks.md).
+SLO_FACTOR = 5.0
+
+
+class Block(enum.StrEnum):
+    """Why an instance cannot be evicted for a given load now."""
+
+    SELF = "self"
+    PINNED = "pinned"
+    NEVER = "never"  # outranks the load and its protect is ``never``
+    BUSY = "busy"  # outranks the load and has requests in flight or queued
+    PROTECTED = "protected"  # outranks the load, idle, its protection not yielded yet
+    BATCH = "batch"  # no-thrash: serving the requests it was loaded for
+
+
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """A load that asks for memory, and what waits for it.
+
+    ``arrivals``: when its queued requests arrived, oldest first (empty: nothing waits,
+    e.g. a preload or an operator's load: no deadline and nothing to weigh).
+    """
+
+    rule: ServiceRule
+    arrivals: tuple[float, ...] = ()
+    load_s: float = DEFAULT_LOAD_S
+    service_s: float = DEFAULT_SERVICE_S
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def priority(self) -> int:
+        return self.rule.priority
+
+    def deadline(self, now: float) -> float | None:
+        """The latest moment memory must be freed for its first request that can still
+        be served before its ``queue.timeout`` (None: none can, or nothing waits).
+
+        A request that would time out during the load whatever happens is not waited
+        for: evicting for it would cost a reload and save nothing.
+        """
+        timeout, load = self.rule.queue_timeout_s, self.load_s
+        margin = YIELD_MARGIN_S + YIELD_MARGIN_SHARE * load
+        for at in self.arrivals:
+            if at + timeout - load >= now:
+                return at + timeout - load - margin
+        return None
+
+    def slo_by(self, now: float, drain_s: float) -> float | None:
+        """The latest moment a holder that drains for ``drain_s`` may begin to, for the
+        load's first request that can still meet its SLO (None: none can)."""
+        allowance = (SLO_FACTOR - 1) * self.service_s - drain_s - STOP_MARGIN_S
+        for at in self.arrivals:
+            if at + allowance + SAVABLE_GRACE_S >= now:
+                return at + allowance
+        return None
+
+    def fresh(self, now: float) -> int:
+        """How many of its requests could still meet their SLO if its load began now."""
+        since = now - (SLO_FACTOR - 1) * self.service_s
+        return sum(1 for at in self.arrivals if at > since)
+
+
+def holder_yield(asker: Asker, victim: Resident, now: float) -> tuple[Block | None, float | None]:
+    """Why ``victim`` holds its memory against ``asker``'s load at ``now`` (None: it
+    does not), and the latest moment it yields if nothing changes (None: not known,
+    e.g. busy, ``protect: never``, a batch served to an equal with nothing waiting)."""
+    if victim.name == asker.name:
+        return Block.SELF, None
+    if victim.residency is Residency.PINNED:
+        return Block.PINNED, None
+    if victim.residency is Residency.WINDOW_ONLY:
+        return None, None
+    if not outranks(victim, asker.rule):
+        if not victim.batch_pending:
+            return None, None
+        ends = [asker.deadline(now)]
+        if asker.priority > victim.priority:
+            # The batch's requests in flight finish first (a drain), then it stops.
+            ends.append(asker.slo_by(now, victim.service_s))
+        known = [t for t in ends if t is not None]
+        return _until(min(known) if known else None, Block.BATCH, now)
+    if math.isinf(victim.protect_s):
+        return Block.NEVER, None
+    if victim.busy:
+        return Block.BUSY, None
+    times = [t for t in (victim.protected_until(), asker.deadline(now)) if t is not None]
+    if asker.priority * asker.fresh(now) > RELOAD_WEIGHT * victim.reload_cost:
+        times.append(now)  # what waits outweighs the holder's reload
+    return _until(min(times) if times else None, Block.PROTECTED, now)
+
+
+def _until(latest: float | None, block: Block, now: float) -> tuple[Block | None, float | None]:
+    return (None if latest is not None and now >= latest else block), latest
+
+
+def eviction_block(asker: Asker, victim: Resident, now: float) -> Block | None:
+    """Why ``asker``'s load may not evict ``victim`` at ``now``; None if it may."""
+    return holder_yield(asker, victim, now)[0]
+
+
+def may_evict(asker: Asker, victim: Resident, now: float) -> bool:
+    return eviction_block(asker, victim, now) is None
