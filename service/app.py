@@ -31,7 +31,7 @@ from service import __version__
 from service.api import admin, openai, ui, upstream
 from service.api.auth import AuthConfig, install_auth
 from service.api.errors import install_error_handlers
-from service.clock import Clock, SystemClock
+from service.clock import Clock, SystemClock, time_of_day
 from service.devices import DeviceProbe, create_probe
 from service.doctor import Doctor
 from service.effects import KernelEffects
@@ -94,7 +94,12 @@ def build_orchestrator(
         http=health_http,
     )
     rules, device_rule = rules_from_policy(policy)
-    scheduler = Scheduler(rules, device_rule, learned=restore_stats(store, runtimes))
+    scheduler = Scheduler(
+        rules,
+        device_rule,
+        learned=restore_stats(store, runtimes),
+        clock_text=time_of_day(clock),
+    )
     pump = Pump(scheduler, clock.monotonic)
     last = LastReading()
     doctor = Doctor(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from datetime import datetime
 from typing import Protocol
 
 
@@ -33,3 +35,10 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+def time_of_day(clock: Clock) -> Callable[[float], str]:
+    """Turns ``clock.monotonic()`` seconds into the local time of day ("12:03:10"), for
+    messages that say when something will happen ("yields by 12:03:10")."""
+    offset = clock.now() - clock.monotonic()
+    return lambda t: datetime.fromtimestamp(t + offset).strftime("%H:%M:%S")

@@ -41,6 +41,26 @@ def test_check_summarises_each_service() -> None:
     assert any("window nightly" in line for line in lines)
 
 
+def test_check_warns_that_protect_never_can_starve_the_lower_priorities(tmp_path: Path) -> None:
+    text = (REPO_ROOT / "config" / "demo.yaml").read_text()
+    text = text.replace("    priority: 100\n", "    priority: 100\n    protect: never\n", 1)
+    policy = tmp_path / "never.yaml"
+    policy.write_text(text)
+    result = vramd("check", str(policy))
+    assert result.returncode == 0, result.stderr  # a choice, not an error
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: services.image.protect is never: image (on-demand, priority 100) never "
+        "yields its memory to speech while it is loaded, so it can starve (wait past its "
+        "queue.timeout) whenever it needs that memory; a duration lets image yield before "
+        "those requests time out"
+    ]
+    assert not any(
+        line.startswith("warning:")
+        for line in vramd("check", "config/demo.yaml").stdout.splitlines()
+    )
+
+
 def test_check_prints_every_error_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

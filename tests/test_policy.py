@@ -791,3 +791,39 @@ def test_a_span_or_split_change_restarts_the_service(
     [change] = diff_policies(base, after).changed
     assert change.restart is True
     assert after.services["chat"].shares == ((0.5, 0.5) if span else (0.7, 0.3))
+
+
+# --- protect: never ------------------------------------------------------------------
+
+
+def test_starvation_warnings_name_what_a_protect_never_outranks_on_its_devices() -> None:
+    from service.policy import starvation_warnings
+
+    def svc(name: str, residency: str, priority: int, extra: str = "") -> str:
+        return (
+            f"  {name}:\n    kind: chat\n    models: [{name}]\n    command: [x]\n"
+            f"    memory: {{estimate: 1GiB}}\n    residency: {residency}\n"
+            f"    priority: {priority}\n{extra}"
+        )
+
+    text = "version: 1\nservices:\n" + "".join(
+        [
+            svc("chat", "warm", 300, "    protect: never\n    gpus: [0]\n"),
+            svc("peer", "warm", 300, "    gpus: [0]\n"),  # equal: warm keeps it out too
+            svc("coder", "on-demand", 200, "    gpus: [0, 1]\n"),
+            svc("other-gpu", "on-demand", 100, "    gpus: [1]\n"),  # never shares a device
+            svc("base", "pinned", 100),  # never evicted anyway
+            svc("img", "on-demand", 150, "    protect: never\n"),
+            svc("top", "on-demand", 400),  # above img: not kept out
+        ]
+    )
+    warnings = starvation_warnings(load_policy(text))
+    assert len(warnings) == 2
+    assert warnings[0].startswith(
+        "services.chat.protect is never: chat (warm, priority 300) never yields its "
+        "memory to coder, img, peer while it is loaded, so they can starve"
+    )
+    assert warnings[1].startswith(
+        "services.img.protect is never: img (on-demand, priority 150) never yields its "
+        "memory to other-gpu while it is loaded, so it can starve"
+    )

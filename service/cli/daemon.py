@@ -17,7 +17,7 @@ import typer
 
 from service.cli.console import EXIT_FAILED, err, fail, out, read_text
 from service.errors import PolicyError, StoreError
-from service.policy import Policy, Service, load_policy, policy_json_schema
+from service.policy import Policy, Service, load_policy, policy_json_schema, starvation_warnings
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
@@ -83,6 +83,8 @@ def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]
             f"{format_duration(window.duration)}",
             markup=False,
         )
+    for warning in starvation_warnings(policy):
+        out.print(f"warning: {warning}", markup=False)
 
 
 def _protect(service: Service) -> str:

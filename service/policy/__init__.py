@@ -23,6 +23,7 @@ adapter registry use (a test in tests/test_policy.py holds the import edges). It
     load.py          load_policy: YAML text -> Policy, line-numbered errors, cross checks
     diff.py          diff_policies, PolicyDiff: what applying a policy changes
     protect.py       protect values: never or a duration, and the residency defaults
+    starvation.py    the lower priorities a ``protect: never`` can starve (vramd check)
     placeholders.py  ${PORT}, ${CAP_MIB}, ...: the known names and their expansion
 """
 
@@ -63,6 +64,7 @@ from service.policy.schema import (
     Window,
     policy_json_schema,
 )
+from service.policy.starvation import starvation_warnings
 
 __all__ = [
     "CAP_PLACEHOLDERS",
@@ -99,4 +101,5 @@ __all__ = [
     "placeholders_in",
     "policy_json_schema",
     "protect_seconds",
+    "starvation_warnings",
 ]
