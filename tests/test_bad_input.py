@@ -935,3 +935,11 @@ def test_empty_tagged_scalars_are_a_policy_error(
     daemon: Daemon, text: str, path: str, line: int
 ) -> None:
     assert_policy_error(daemon, text, path, line, "invalid YAML value")
+
+
+@pytest.mark.slow
+def test_an_upstream_path_left_with_a_control_character_is_not_a_500(daemon: Daemon) -> None:
+    """``chat%2F`` keeps the raw path from matching the service's prefix, so only the
+    decoded path (with a 0x1F in it) is left to forward: it is encoded again."""
+    response = httpx.request("DELETE", f"{daemon.url}/upstream/chat%2F/%1F", timeout=30)
+    assert_no_daemon_failure(response)

@@ -10,6 +10,8 @@ when keys are set; the key itself is not passed on (it is vramd's, not the runti
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
@@ -79,7 +81,9 @@ def _runtime_path(request: Request, service: str, path: str) -> str:
     prefix = f"{PREFIX}/{service}".encode()
     if isinstance(raw, bytes) and raw.startswith(prefix + b"/"):
         return raw[len(prefix) :].decode("latin-1")
-    return "/" + path
+    # The service name itself was percent-encoded (``chat%2F``): only the decoded path is
+    # left, so encode it again; a control character would not make a valid URL.
+    return "/" + quote(path, safe="/:@!$&'()*+,;=-._~")
 
 
 def _passed_headers(request: Request) -> tuple[tuple[str, str], ...]:
