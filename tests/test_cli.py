@@ -43,7 +43,7 @@ def test_check_summarises_each_service() -> None:
 
 def test_check_warns_that_protect_never_can_starve_the_lower_priorities(tmp_path: Path) -> None:
     text = (REPO_ROOT / "config" / "demo.yaml").read_text()
-    text = text.replace("    priority: 100\n", "    priority: 100\n    protect: never\n", 1)
+    text = text.replace("    protect: 5s ", "    protect: never ", 1)  # the image model's
     policy = tmp_path / "never.yaml"
     policy.write_text(text)
     result = vramd("check", str(policy))

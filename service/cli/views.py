@@ -143,9 +143,7 @@ def admission_lines(answer: dict[str, Any]) -> Iterator[str]:
             f"{victim['priority']}, {state}): frees {format_size(victim['bytes'])}"
         )
     for holder in answer.get("holders", []):
-        when = holder.get("yields_in_s")
-        suffix = f" [can yield in {format_duration(when)}]" if when is not None else ""
-        yield f"  waits for {holder['text']}{suffix}"
+        yield f"  waits for {holder['text']}"
 
 
 # --------------------------------------------------------------- apply, events
