@@ -8,15 +8,16 @@ the same answer without applying it. It follows DESIGN section 4:
    every instance that is not pinned were gone (its budget less the pinned charges),
    the load can never fit: ``Refuse``, naming what holds the memory. Nothing else is
    refused.
-2. If it fits somewhere as things stand: ``Place`` it on the device with the most room
-   left after placing it (lowest index on a tie), so later loads find the most room.
+2. If it fits somewhere as things stand: ``Place`` it on the device with the least room
+   left after placing it (best fit; lowest index on a tie), so a large load later still
+   finds a device whole.
 3. Else, per device: first count memory already on its way back (instances draining or
    stopping that no other load has claimed), then pick victims among the instances it
-   may evict now (``eviction``) for the rest. The device whose victim set is best
-   (fewest, then the eviction preferences, then most room left) wins: ``Evict``.
+   may evict now (``yielding``) for the rest, the least costly set (``eviction``). The
+   device whose victim set is best (the set's cost, then most room left) wins: ``Evict``.
 4. If no device can cover the deficit now, ``Wait``, naming each holder, why it holds
-   on and when it can yield (``Holder``). The core runs admission again after every
-   event.
+   on and the latest moment it yields (``Holder``). The core runs admission again after
+   every event, and at that moment.
 """
 
 from __future__ import annotations

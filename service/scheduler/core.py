@@ -15,16 +15,18 @@ returns the actions of both, in order. The pass is the whole algorithm:
 4. Grants: each ready instance takes queued requests up to ``max_concurrency``, in
    arrival order; draining instances never get grants.
 5. Loads: every stopped service that something waits for (requests, pinning, preload,
-   an operator, a restart) is admitted in priority order (higher first), then by its
-   oldest waiting request. Admission (``admission``) places it on the device with the
-   most room left, or plans evictions (``eviction``: only instances it may evict now,
-   with ``protect``; the fewest victims; idle, lower priority, cheaper reload and least
-   recently used first) and claims the victims, or makes it wait naming each holder and
-   when it can yield, or -- only when it can never fit -- refuses it at once. A load
-   whose victims are still stopping is skipped: it has its plan, and picking a second
-   victim set for the same need would evict twice. A load later in line that the
-   waiting ones could not evict back without waiting for a protection waits behind them
-   (``planner.may_backfill``), so no waiting load is overtaken for ever.
+   an operator, a restart) is admitted in line order: pinned first, then by the cost of
+   its wait (priority x waiting requests, each weighing more as it ages toward its
+   timeout), then its oldest request (``planner.line_order``). Admission
+   (``admission``) places it on the device it fits best, or plans evictions (only
+   instances it may evict now: ``yielding``, where ``protect`` is a cost that gives way
+   before a waiter's deadline; the least costly set: ``eviction``) and claims the
+   victims, or makes it wait naming each holder and the latest moment it yields, or --
+   only when it can never fit -- refuses it at once. A load whose victims are still
+   stopping is skipped: it has its plan, and picking a second victim set for the same
+   need would evict twice. A load later in line that would never give memory back to
+   the waiting ones (``protect: never``) waits behind them (``planner.may_backfill``).
+   While loads wait, admission runs again at the first moment a holder may yield.
 
 While a load waits for its victims it *holds* ``need - victims' charges`` on the device
 (``Book.hold``), so the memory it waits for cannot be taken by a later, lower load. Every
@@ -407,7 +409,7 @@ class Scheduler:
             and other.resident
             and set(other.devices) & set(svc.devices)
             and other.state in (S.READY, S.STARTING)
-            and eviction_block(svc.asker(book.now), other.snapshot(book.now), book.now)
+            and eviction_block(svc.asker(), other.snapshot(book.now), book.now)
             in (None, Block.BATCH)
         ]
         svc.retry_after_room = True

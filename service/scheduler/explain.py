@@ -193,7 +193,7 @@ def _yields_in(wait: Wait, now: float) -> float | None:
 def _asker(svc: ServiceState, now: float) -> Asker:
     """The load as admission would weigh it: what waits for it, or else one request
     arriving now (what "loading it now" means to a client)."""
-    asker = svc.asker(now)
+    asker = svc.asker()
     if svc.queue:
         return asker
     return replace(asker, arrivals=(now,))

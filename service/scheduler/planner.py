@@ -108,7 +108,7 @@ def admit(book: Book, svc: ServiceState) -> None:
         _refuse(book, svc, message, {"gpus": gpus, "devices": list(sampled)})
         return
     rooms = [book.room(d, svc) for d in devices]
-    decision = decide(svc.asker(book.now), need, rooms, book.now)
+    decision = decide(svc.asker(), need, rooms, book.now)
     match decision:
         case Place():
             _start(book, svc, decision, need)

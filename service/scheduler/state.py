@@ -237,7 +237,7 @@ class ServiceState:
         learned = self.learned.load_s
         return DEFAULT_LOAD_S if learned is None else learned
 
-    def asker(self, now: float) -> Asker:
+    def asker(self) -> Asker:
         """This service's load as admission weighs it: what waits and for how long."""
         return Asker(
             rule=self.rule,
