@@ -83,10 +83,10 @@ bench: $(VENV)/.installed-dev
 bench-sweep: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.sweep --json bench/out/sweep.json --markdown bench/out/sweep.md
 
-# How the protect defaults were chosen (docs/benchmarks.md#protect): 20 pairs of defaults
-# over the sweep's traces, about 1.5 hours on 2 cores (--quick: a fifth of that).
+# How the protect defaults were chosen (docs/benchmarks.md#protect): 9 pairs of defaults
+# over the sweep's traces, about 25 minutes on 2 cores (--quick: a fifth of that).
 bench-tune: $(VENV)/.installed-dev
-	$(BIN)/python -m bench.tune --json bench/out/tune.json
+	$(BIN)/python -m bench.tune --warm 3m,10m,30m --on-demand 15s,1m,3m --json bench/out/tune.json
 
 # What vramd adds to a warm request, against the runtime direct and a bare FastAPI+httpx
 # relay (docs/benchmarks.md, "The hot path"); about half a minute.

@@ -123,6 +123,7 @@ def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_la
         assert explained["verdict"] == "wait"
         assert explained["holders"][0]["service"] == "hi"
         assert explained["holders"][0]["why"] == "protected"
+        assert re.search(r"yields by \d\d:\d\d:\d\d at the latest", explained["message"])
         thread, box = in_background(ask, daemon, "lo")
         daemon.wait_for(lambda: daemon.service("lo")["waiting_for"] is not None)
         waiting = daemon.service("lo")
