@@ -1629,3 +1629,25 @@ def test_explain_says_by_when_each_holder_yields_in_clock_time() -> None:
     [holder] = answer.holders
     assert holder["text"] == ("chat (warm, priority 300) idle 1m40s, yields by T+190 at the latest")
     assert holder["yields_in_s"] == 90.0
+
+
+def test_memory_a_stopped_instance_still_reads_as_foreign_does_not_refuse_a_load() -> None:
+    """Some drivers delist a dead process before giving its memory back: for a moment
+    the instance that just stopped reads as foreign. A load that needs that memory waits
+    for the next sample instead of being refused as never fitting."""
+    world = World(rule("lo", mib=600), rule("hi", priority=300, mib=600))
+    world.serve("lo")
+    world.send(UnloadRequested("lo"), at=1)
+    world.stopped("lo", at=2)
+    world.foreign = {0: 600 * MiB}  # lo's memory, not given back yet
+    world.sample(at=2.1)
+    actions = world.request("h1", "hi", at=2.2)
+    assert rejects(actions) == {} and starts(actions) == []
+    world.foreign = {}
+    assert starts(world.sample(at=2.5)) == ["hi"]
+    # Memory that stays foreign long after a stop is a real foreign process: refused.
+    world.send(UnloadRequested("hi"), at=3)
+    world.stopped("hi", at=4)
+    world.foreign = {0: 600 * MiB}
+    world.sample(at=20)
+    assert rejects(world.request("h2", "hi", at=20)) == {"h2": "insufficient_capacity"}

@@ -50,6 +50,9 @@ class Room:
     residents: tuple[Resident, ...] = ()
     # Other loads' reservations on this device: (service, bytes).
     holds: tuple[tuple[str, int], ...] = ()
+    # What our instances held here when they stopped a moment ago (``Ledger``): it may
+    # still read as foreign, so it does not count against what the device could offer.
+    recently_stopped: int = 0
 
 
 # A spanning load's part on one device: (device, need there, available there).
@@ -264,10 +267,13 @@ def max_offer(room: Room) -> int:
     """What ``room`` could offer with every instance that is not pinned gone.
 
     Holds of other waiting loads do not count: they are transient, and a load must not
-    be refused for good because another one is momentarily in line before it.
+    be refused for good because another one is momentarily in line before it. Nor does
+    memory our instances held until a moment ago (``Room.recently_stopped``), which a
+    driver may still report as a foreign process's.
     """
     pinned = sum(r.charge for r in room.residents if r.residency is Residency.PINNED)
-    return room.budget - pinned
+    limit = room.total if room.budget_limit is None else min(room.budget_limit, room.total)
+    return min(room.budget + room.recently_stopped, limit - room.headroom) - pinned
 
 
 def _plan_on(asker: Asker, need: int, room: Room, now: float) -> Evict | None:

@@ -136,6 +136,7 @@ class Book:
             foreign=reading.foreign,
             headroom=self.ledger.rule.headroom,
             budget_limit=self.ledger.rule.budget_limit,
+            recently_stopped=self.ledger.recently_stopped(device, self.now),
             residents=tuple(
                 s.snapshot(self.now, device)
                 for s in sorted(self.services.values(), key=lambda s: s.name)
@@ -193,6 +194,7 @@ class Book:
         if svc.resident:
             for device in svc.devices:
                 self.ledger.release(device, svc.measured_at(device))
+                self.ledger.stopped(device, svc.charge_on(device), self.now)
         self.drop_in_flight(svc)
         svc.devices = ()
         svc.measured = 0

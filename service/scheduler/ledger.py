@@ -16,6 +16,11 @@ foreign growth shrinks ``available`` at the next sample even before ``foreign`` 
 settle barrier) and the next probe sample: the stopped instance's last measured bytes are
 free for real, but the last sample still counts them as used. Without it a load waiting
 for a victim would see its charge gone but the free figure unchanged, and evict again.
+
+``recently_stopped`` is what our instances held when they stopped in the last
+``RECENT_STOP_S``: a driver may give a dead process's memory back after delisting it, so
+for a moment it reads as foreign. It never counts as room (a load waits for the next
+sample), but it keeps a load from being refused as "can never fit" on such a reading.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from dataclasses import dataclass
 
 from service.domain import DeviceReading
 from service.scheduler.rules import DeviceRule
+
+# How long the memory of an instance that stopped may still read as foreign.
+RECENT_STOP_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,7 @@ class Ledger:
         self.rule = rule
         self._readings: dict[int, DeviceReading] = {}
         self._released: dict[int, int] = {}
+        self._stops: list[tuple[float, int, int]] = []  # (when, device, bytes charged)
 
     def sample(self, devices: Iterable[DeviceReading]) -> None:
         """Take a new probe sample; it supersedes every release credit."""
@@ -99,6 +108,15 @@ class Ledger:
         """An instance on ``device`` stopped holding ``measured`` bytes since the sample."""
         if device in self._readings and measured > 0:
             self._released[device] = self._released.get(device, 0) + measured
+
+    def stopped(self, device: int, charged: int, now: float) -> None:
+        """An instance charged ``charged`` bytes on ``device`` stopped at ``now``."""
+        self._stops = [s for s in self._stops if now - s[0] < RECENT_STOP_S]
+        self._stops.append((now, device, charged))
+
+    def recently_stopped(self, device: int, now: float) -> int:
+        """Bytes our instances held on ``device`` when they stopped, lately."""
+        return sum(b for at, d, b in self._stops if d == device and now - at < RECENT_STOP_S)
 
     def devices(self) -> tuple[int, ...]:
         """Sampled devices the policy lets vramd use, in index order."""
