@@ -50,10 +50,10 @@ SOON_S = 300.0
 class Resident:
     """A resident instance as eviction sees it: a snapshot, not the live record.
 
-    From its own traffic (``habits``): ``p_again``, the chance it is asked again before
-    its protection lapses; ``p_soon``, within the next ``SOON_S``; ``reload_cost``, its
-    priority x ``p_again`` x the requests that would wait for its reload (the next one,
-    and those expected to arrive during the load); ``service_s``, how long a request
+    From its own traffic (``habits``): ``p_soon``, the chance it is asked again within
+    the next ``SOON_S``; ``reload_cost``, its priority x the chance it is asked again
+    before its protection lapses x the requests that would wait for its reload (the next
+    one, and those expected to arrive during the load); ``service_s``, how long a request
     takes (a batch's drain).
     """
 
@@ -71,7 +71,6 @@ class Resident:
     protect_s: float = 0.0
     in_flight: int = 0
     queued: int = 0
-    p_again: float = 1.0
     p_soon: float = 1.0
     reload_cost: float = 0.0
     service_s: float = 0.0

@@ -290,7 +290,6 @@ class ServiceState:
             protect_s=protect,
             in_flight=len(self.in_flight),
             queued=len(self.queue),
-            p_again=p_again,
             p_soon=p_soon,
             reload_cost=self.rule.priority * p_again * during,
             service_s=self.habits.expected_service_s,
