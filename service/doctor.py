@@ -12,7 +12,7 @@ reads the runtime table and the last probe reading, never the orchestrator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from service.adapters import find_oom
@@ -75,14 +75,15 @@ class Doctor:
 
     def on_finding(self, rt: ServiceRuntime, finding: Finding) -> None:
         if finding.kind == "over-cap":
-            self._flag(rt, "over-cap", finding.message)
+            self.flag(rt, "over-cap", finding.message)
             self._on_cap(rt)
         elif finding.kind == "creeping":
-            self._flag(rt, "creeping", finding.message, series=finding.series)
+            self.flag(rt, "creeping", finding.message, series=finding.series)
         elif finding.kind == "oom":
             self.runtime_oom(rt, finding.text or finding.message, source="log")
 
-    def _flag(self, rt: ServiceRuntime, flag: str, message: str, **data: Any) -> None:
+    def flag(self, rt: ServiceRuntime, flag: str, message: str, **data: Any) -> None:
+        """Raise ``flag`` on the service and record why (an event each time it is seen)."""
         new = flag not in rt.flags
         rt.flags.add(flag)
         self._events.record(
@@ -91,6 +92,19 @@ class Doctor:
             service=rt.name,
             instance_id=rt.instance_id,
             data={"flag": flag, "new": new, **data},
+        )
+
+    def clear_flags(self, rt: ServiceRuntime, flags: Iterable[str], why: str) -> None:
+        """Clear those of ``flags`` the service has, with one ``flag-cleared`` event."""
+        cleared = rt.flags & set(flags)
+        if not cleared:
+            return
+        rt.flags -= cleared
+        self._events.record(
+            "flag-cleared",
+            f"{rt.name}: {', '.join(sorted(cleared))} cleared by {why}",
+            service=rt.name,
+            data={"flags": sorted(cleared)},
         )
 
     def _on_cap(self, rt: ServiceRuntime) -> None:
@@ -116,7 +130,7 @@ class Doctor:
             OomReport(self._clock.now(), text), device=DeviceFree(device), samples=samples
         )
         if diagnosis.kind == "fragmented":
-            self._flag(rt, "fragmented", f"{diagnosis.reason} ({source}: {text})")
+            self.flag(rt, "fragmented", f"{diagnosis.reason} ({source}: {text})")
         # Incidents use the verdict names of DESIGN section 5 for loads and requests alike.
         verdict = "fragmentation" if diagnosis.kind == "fragmented" else "capacity"
         incident = self.record_incident(

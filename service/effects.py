@@ -22,7 +22,7 @@ from service.clock import Clock
 from service.device_settle import Comeback
 from service.devices import DeviceProbe
 from service.doctor import Doctor
-from service.domain import INSTANCE_FLAGS, InstanceState
+from service.domain import INSTANCE_FLAGS, Flag, InstanceState
 from service.errors import RuntimeFailed
 from service.eventlog import EventLog
 from service.leases import REJECTIONS, Lease, Waiters
@@ -47,6 +47,7 @@ from service.scheduler import (
 from service.sleeping import SleepMode
 from service.store import StoreWriter, queries
 from service.supervisor import StartFailed, wait_settled
+from service.supervisor.backoff import LOOP_WINDOW_S
 from service.tasks import BackgroundTasks
 from service.tickets import Tickets
 
@@ -306,6 +307,14 @@ class KernelEffects:
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone
 
+    async def _clear_loop_flag(self, rt: ServiceRuntime, ready_at: float) -> None:
+        """``crash-looping`` clears once the instance that came up has stayed ready for
+        the restart policy's stable run (60 s): it no longer loops."""
+        inst = rt.instance
+        await self._clock.sleep(inst.stable_after_s)
+        if inst.state is S.READY and inst.ready_at == ready_at and not inst.crash_looping:
+            self._doctor.clear_flags(rt, {Flag.CRASH_LOOPING}, "ready for a minute")
+
     # ------------------------------------------------------ instance transitions
 
     def on_state(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
@@ -328,16 +337,11 @@ class KernelEffects:
     def _ready(self, rt: ServiceRuntime, old: S) -> None:
         inst = rt.instance
         assert inst.port is not None
-        cleared = rt.flags & INSTANCE_FLAGS if old is S.STARTING else set()
-        if cleared:
-            # Flags describe an instance; this one is new.
-            rt.flags -= cleared
-            self._events.record(
-                "flag-cleared",
-                f"{rt.name}: {', '.join(sorted(cleared))} cleared by a fresh instance",
-                service=rt.name,
-                data={"flags": sorted(cleared)},
-            )
+        if old is S.STARTING:
+            # Flags that describe an instance: this one is new.
+            self._doctor.clear_flags(rt, INSTANCE_FLAGS, "a fresh instance")
+        if Flag.CRASH_LOOPING in rt.flags and inst.ready_at is not None:
+            self.tasks.spawn(self._clear_loop_flag(rt, inst.ready_at), f"loop flag {rt.name}")
         rt.open_client(inst.port)
         rt.watch = self._doctor.new_watch(rt)
         if rt.oom_incident is not None:
@@ -355,17 +359,26 @@ class KernelEffects:
         error = inst.last_error or reason
         if old is S.STARTING and new is not S.STOPPED:
             self._doctor.load_failed(rt, error, retrying=new is S.BACKOFF)
+        failure = inst.last_failure
         if new is S.BACKOFF:
+            if failure is not None and failure.looping:
+                self._doctor.flag(rt, Flag.CRASH_LOOPING, _loop_text(failure.deaths))
             self.tasks.spawn(rt.close_client(), f"close {rt.name}")
-            self._feed(InstanceBackoff(rt.name, error, retry_at=inst.backoff_due))
+            crashed = failure is not None and failure.was_ready
+            self._feed(InstanceBackoff(rt.name, error, retry_at=inst.backoff_due, crashed=crashed))
         elif new is S.FAILED:
-            if inst.attempt > rt.spec.restart.max_retries:
-                rt.flags.add("crash-looping")
+            if failure is not None and not failure.retry:
+                why = f"gave up after {failure.failed_starts} failed starts in a row"
+                self._doctor.flag(rt, Flag.CRASH_LOOPING, why)
             self.tasks.spawn(rt.close_client(), f"close {rt.name}")
             self._feed(InstanceFailed(rt.name, error))
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
+
+
+def _loop_text(deaths: int) -> str:
+    return f"died {deaths} times within {LOOP_WINDOW_S / 60:g} min after being ready"
 
 
 def _where(devices: tuple[int, ...]) -> str:

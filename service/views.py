@@ -14,6 +14,7 @@ from service.scheduler import LedgerView, ServiceView
 
 if TYPE_CHECKING:
     from service.runtimes import ServiceRuntime
+    from service.supervisor import Instance
 
 
 def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
@@ -62,9 +63,24 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "last_load_s": rt.last_load_s,
         "learned_load_s": rt.learned_load_s,
         "backoff_until": inst.backoff_until,
+        "backoff": _backoff(inst),
         "flags": sorted(rt.flags),
         "routes": dict(spec.route_table()),
         "last_error": inst.last_error or view.error,
+    }
+
+
+def _backoff(inst: Instance) -> dict[str, Any] | None:
+    """While a restart is pending: why (a death after ready, or a failed start), how
+    often, and when the next start is due (docs/reliability.md, "Restarts")."""
+    failure = inst.last_failure
+    if inst.backoff_until is None or failure is None:
+        return None
+    return {
+        "cause": "died" if failure.was_ready else "start-failed",
+        "next_start_at": inst.backoff_until,
+        "deaths_in_10_min": failure.deaths,
+        "failed_starts": failure.failed_starts,
     }
 
 

@@ -1,10 +1,11 @@
 """``vramd serve`` for real: a daemon subprocess supervising demo runtime subprocesses.
 
 These are the "done when" checks of the foundation and supervision issues: the pinned
-service starts and is measured, a killed runtime comes back with ``restarts`` counted, a
-crash loop ends in ``failed`` with the flag, ``kill -9`` of the daemon leaves nothing
-behind after the next start, SIGTERM stops every runtime, and the policy is stored as a
-version that the same file does not duplicate.
+service starts and is measured, a killed runtime comes back with ``restarts`` counted
+(however often it is killed), a start that keeps failing ends in ``failed`` with the
+flag, ``kill -9`` of the daemon leaves nothing behind after the next start, SIGTERM
+stops every runtime, and the policy is stored as a version that the same file does not
+duplicate.
 """
 
 from __future__ import annotations
@@ -13,10 +14,20 @@ import os
 import signal
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
-from support.daemon import demo_command, policy_yaml, running_daemon, start_daemon, stop_daemon
+from support.daemon import (
+    Daemon,
+    demo_command,
+    policy_yaml,
+    running_daemon,
+    start_daemon,
+    stop_daemon,
+)
+
+from service.cli.views import service_notes
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +85,53 @@ def test_killed_runtime_comes_back_with_restarts_counted(tmp_path: Path) -> None
         assert again["restarts"] == first["restarts"] + 1
         kinds = [(e["kind"], e["data"].get("to")) for e in daemon.events(service="chat")]
         assert ("state", "backoff") in kinds
+
+
+def caught_in_backoff(daemon: Daemon, name: str) -> dict[str, Any]:
+    """The service's view taken during its backoff (which may last under a second)."""
+    seen: list[dict[str, Any]] = []
+
+    def backing_off() -> bool:
+        seen.append(daemon.service(name))
+        return bool(seen[-1]["state"] == "backoff")
+
+    daemon.wait_for(backing_off)
+    return seen[-1]
+
+
+def test_a_runtime_killed_again_and_again_under_traffic_is_never_given_up(
+    tmp_path: Path,
+) -> None:
+    # An on-demand service (max_retries 3) killed five times while a client keeps asking:
+    # each time it comes back, it is flagged crash-looping, never failed, and a request
+    # sent while it backs off waits for the next instance instead of a 502.
+    chat = dict(
+        PINNED,
+        residency="on-demand",
+        restart={"max_retries": 3, "backoff": "0.5s", "max_backoff": "1s"},
+    )
+    body = {"model": "m-chat", "messages": [{"role": "user", "content": "hi"}]}
+    with running_daemon(policy_yaml({"chat": chat}), tmp_path) as daemon:
+        codes = []
+        for _ in range(5):
+            codes.append(daemon.post("/v1/chat/completions", json=body).status_code)
+            pid = daemon.service("chat")["pid"]
+            os.killpg(pid, signal.SIGKILL)
+            backing_off = caught_in_backoff(daemon, "chat")
+            during = daemon.post("/v1/chat/completions", json=body)
+            assert during.status_code == 200, during.text
+            assert daemon.service("chat")["pid"] not in (None, pid)
+        assert codes == [200] * 5
+        chat_now = daemon.service("chat")
+        assert chat_now["state"] == "ready" and chat_now["restarts"] == 5
+        assert "crash-looping" in chat_now["flags"]
+        assert backing_off["backoff"]["cause"] == "died"
+        assert backing_off["backoff"]["deaths_in_10_min"] == 5
+        (note,) = service_notes([backing_off])
+        assert note.startswith("chat: died after being ready, 5 times in 10 min (killed by")
+        assert "; next start " in note
+        states = [e["data"].get("to") for e in daemon.events(service="chat", kind="state")]
+        assert states.count("backoff") == 5 and "failed" not in states
 
 
 def test_crash_loop_ends_failed_until_loaded(tmp_path: Path) -> None:

@@ -18,13 +18,17 @@ from support.fake_launcher import FakeLauncher
 
 from service.doctor import Doctor
 from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
+from service.effects import KernelEffects
 from service.eventlog import EventLog
 from service.instance_watch import Finding
+from service.leases import Waiters
 from service.policy import Policy, load_policy
 from service.runtimes import RuntimeTable, ServiceRuntime
 from service.sampling import LastReading, Sampler
 from service.scheduler import (
     Event,
+    InstanceBackoff,
+    InstanceFailed,
     LearnedChanged,
     LedgerView,
     MakeRoom,
@@ -37,6 +41,7 @@ from service.scheduler import (
 from service.settings import Settings
 from service.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
+from service.tickets import Tickets
 from service.windows import Windows
 
 MiB = 1024**2
@@ -361,3 +366,67 @@ async def test_a_runtime_that_refuses_to_sleep_is_left_to_be_stopped(kit: Kit) -
     assert not await sleep.try_sleep(rt, "evicted for chat")
     assert rt.instance.state is S.READY
     await rt.close_client()
+
+
+# ------------------------------------------------------------------ restarts
+
+
+class NoCounters:
+    def request_done(self, service: str, code: str, queue_s: float | None = None) -> None:
+        pass
+
+    def load_done(self, service: str, seconds: float) -> None:
+        pass
+
+
+def effects(kit: Kit, tmp_path: Path) -> KernelEffects:
+    return KernelEffects(
+        feed=kit.fed.append,
+        runtimes=kit.runtimes,
+        waiters=Waiters(),
+        tickets=Tickets(),
+        sleep=SleepMode(events=kit.events, probe=kit.probe, clock=kit.clock, settle_timeout_s=1),
+        doctor=kit.doctor(tmp_path),
+        sampler=sampler(kit, SchedulerFigures(), []),
+        events=kit.events,
+        metrics=NoCounters(),
+        writer=kit.writer,
+        probe=kit.probe,
+        clock=kit.clock,
+        settle_timeout_s=1.0,
+    )
+
+
+def flag_events(kit: Kit) -> list[tuple[str, str]]:
+    assert kit.writer.flush(5.0)
+    with kit.store.read() as session:
+        rows = queries.list_events(session, service="chat", limit=100)
+        return [(e.kind, e.message) for e in rows if e.kind.startswith("flag")]
+
+
+async def test_a_runtime_killed_after_ready_is_flagged_crash_looping_then_cleared(
+    kit: Kit, tmp_path: Path
+) -> None:
+    # chat: max_retries 5 (the default). Five deaths after ready within ten minutes
+    # flag it; every death is a backoff the scheduler may retry, never a failure; a
+    # minute ready clears the flag.
+    kernel = effects(kit, tmp_path)
+    rt = await kit.ready("chat")
+    for death in range(1, 7):
+        kit.launcher.spawned[-1].exit(-9)
+        await settle()
+        backoff = [e for e in kit.fed if isinstance(e, InstanceBackoff)][-1]
+        assert backoff.crashed and rt.instance.state is S.BACKOFF
+        assert ("crash-looping" in rt.flags) is (death >= 5)
+        await kit.clock.advance(rt.instance.backoff_due - kit.clock.monotonic())
+        await kit.ready("chat")  # the owner's retry
+    assert not [e for e in kit.fed if isinstance(e, InstanceFailed)]
+    await kit.clock.advance(59.0)
+    assert "crash-looping" in rt.flags
+    await kit.clock.advance(1.0)
+    assert "crash-looping" not in rt.flags
+    kinds = [kind for kind, _ in flag_events(kit)]
+    assert kinds.count("flag") == 2 and kinds.count("flag-cleared") == 1
+    assert "died 5 times within 10 min after being ready" in flag_events(kit)[0][1]
+    await kernel.tasks.cancel_all()
+    assert not kernel.tasks.failed

@@ -156,13 +156,80 @@ def test_a_pass_past_the_backoff_deadline_issues_the_retry() -> None:
     world = World(rule("s"))
     world.send(RequestArrived("r1", "s"))
     assert world.send(InstanceBackoff("s", "exit code 1", retry_at=5.0), at=1.0) == [
-        Note("s", "backoff", "s will be retried: exit code 1", {})
+        Note("s", "backoff", "s failed to start (exit code 1); it starts again within 4s", {})
     ]
     assert starts(world.send(Tick(), at=4.9)) == []
     retry = of(world.send(Tick(), at=5.0), Start)
     assert [(a.service, a.device, a.retry) for a in retry] == [("s", 0, True)]
     assert starts(world.send(Tick(), at=6.0)) == []  # issued once
     assert world.state("s") == "starting"
+
+
+def test_a_request_arriving_during_a_crash_backoff_is_served_by_the_next_instance() -> None:
+    world = World(rule("s", idle_ttl_s=300.0))
+    world.load("s")
+    world.send(InstanceBackoff("s", "killed by signal SIGKILL", retry_at=4.0, crashed=True), at=2)
+    assert world.send(RequestArrived("r2", "s"), at=3.0) == []  # waits in the queue
+    assert starts(world.send(Tick(), at=4.0)) == ["s"]
+    assert of(world.send(InstanceReady("s"), at=5.0), Grant) == [Grant("r2", "s")]
+
+
+def test_a_crashed_instance_is_retried_however_often_it_dies_while_wanted() -> None:
+    world = World(rule("p", Residency.PINNED))
+    world.send(Tick())
+    world.send(InstanceReady("p"))
+    for n in range(20):
+        at = 10.0 * n
+        world.send(InstanceBackoff("p", "killed", retry_at=at + 5, crashed=True), at=at + 1)
+        assert starts(world.send(Tick(), at=at + 5)) == ["p"]
+        world.send(InstanceReady("p"), at=at + 6)
+    assert world.state("p") == "ready"
+
+
+def test_a_crashed_instance_nothing_wants_back_is_stopped_not_retried() -> None:
+    # Idle past its idle TTL when it died (it would have been unloaded): no restart,
+    # its memory is released, and the next request loads it afresh.
+    world = World(rule("s", idle_ttl_s=60.0))
+    world.load("s")
+    calls = world.send(InstanceBackoff("s", "killed", retry_at=62.0, crashed=True), at=61.0)
+    assert [(c.service, c.drain) for c in of(calls, Stop)] == [("s", False)]
+    assert [n.kind for n in of(calls, Note)] == ["no-retry"]
+    world.send(InstanceStopped("s"), at=61.5)
+    assert starts(world.send(Tick(), at=62.0)) == []
+    assert world.scheduler.service_view("s").charge == 0
+    assert starts(world.send(RequestArrived("r2", "s"), at=70.0)) == ["s"]
+
+
+def test_a_backoff_that_outlives_the_idle_ttl_gives_up_the_retry() -> None:
+    world = World(rule("s", idle_ttl_s=60.0))
+    world.load("s")  # last used at 0
+    world.send(InstanceBackoff("s", "killed", retry_at=65.0, crashed=True), at=50.0)
+    calls = world.send(Tick(), at=65.0)
+    assert starts(calls) == [] and [c.service for c in of(calls, Stop)] == ["s"]
+
+
+def test_an_instance_back_after_a_crash_keeps_its_idle_clock() -> None:
+    world = World(rule("s", idle_ttl_s=60.0))
+    world.load("s")  # last used at 0
+    world.send(InstanceBackoff("s", "killed", retry_at=40.0, crashed=True), at=30.0)
+    assert starts(world.send(Tick(), at=40.0)) == ["s"]
+    world.send(InstanceReady("s"), at=41.0)
+    assert of(world.send(Tick(), at=59.0), Stop) == []
+    (stop,) = of(world.send(Tick(), at=60.0), Stop)
+    assert stop.reason.startswith("idle for 1m")
+
+
+def test_explain_says_a_backed_off_service_died_and_when_it_starts_again() -> None:
+    world = World(rule("s", idle_ttl_s=300.0))
+    world.load("s")
+    world.send(InstanceBackoff("s", "killed by signal SIGKILL", retry_at=8.0, crashed=True), at=2)
+    answer = world.scheduler.explain("s", now=3.0)
+    assert answer.verdict == "backoff"
+    assert answer.message == (
+        "s died after being ready (killed by signal SIGKILL); it starts again within 5s, "
+        "on device 0; its memory stays reserved"
+    )
+    assert answer.data == {"restart_in_s": 5.0, "crashed": True}
 
 
 def test_a_backoff_without_a_deadline_is_not_retried_by_the_scheduler() -> None:

@@ -299,7 +299,7 @@ async def test_crash_while_ready_backs_off_and_restarts(harness: Harness, tmp_pa
     assert first_pid is not None and group_members(first_pid) == []
 
 
-async def test_crash_loop_gives_up_as_failed(harness: Harness) -> None:
+async def test_a_start_that_keeps_failing_gives_up_as_failed(harness: Harness) -> None:
     inst = harness.instance(policy=RestartPolicy(max_retries=2, backoff_s=0.01, max_backoff_s=1))
     with pytest.raises(StartFailed):
         await inst.start(
@@ -320,7 +320,7 @@ async def test_crash_loop_gives_up_as_failed(harness: Harness) -> None:
         S.STARTING,
         S.FAILED,
     ]
-    assert "gave up after 2 restarts" in harness.events[-1][3]
+    assert "gave up after 3 failed starts in a row" in harness.events[-1][3]
     assert inst.attempt == 3 and inst.restarts == 2
     assert len(harness.exits) == 3
 

@@ -49,26 +49,84 @@ def test_check_transition_follows_the_table(old: S, new: S) -> None:
 # -- backoff ----------------------------------------------------------------------------
 
 
-def test_backoff_doubles_up_to_the_cap_then_gives_up() -> None:
+def test_failed_starts_double_the_backoff_up_to_the_cap_then_give_up() -> None:
     tracker = RestartTracker(RestartPolicy(max_retries=6, backoff_s=2, max_backoff_s=30))
-    decisions = [tracker.on_failure(now=float(t)) for t in range(7)]
+    decisions = [tracker.on_failure(float(t), was_ready=False) for t in range(7)]
     assert [d.delay_s for d in decisions[:6]] == [2, 4, 8, 16, 30, 30]
     assert all(d.retry for d in decisions[:6])
-    assert [d.attempt for d in decisions] == [1, 2, 3, 4, 5, 6, 7]
+    assert [d.failed_starts for d in decisions] == [1, 2, 3, 4, 5, 6, 7]
     assert decisions[6].retry is False
+    assert decisions[6].describe(6) == "gave up after 7 failed starts in a row"
 
 
-def test_zero_retries_gives_up_on_the_first_failure() -> None:
+def test_zero_retries_gives_up_on_the_first_failed_start() -> None:
     tracker = RestartTracker(RestartPolicy(max_retries=0, backoff_s=1, max_backoff_s=1))
-    assert tracker.on_failure(0.0).retry is False
+    assert tracker.on_failure(0.0, was_ready=False).retry is False
+
+
+def test_a_ready_instance_that_keeps_dying_is_never_given_up_on() -> None:
+    # Ready for 10 s, then killed, fifty times over: each death is retried, the backoff
+    # doubles to its cap (never 60 s ready, so never reset), and from the third death
+    # within ten minutes the instance is crash-looping.
+    tracker = RestartTracker(RestartPolicy(max_retries=3, backoff_s=1, max_backoff_s=8))
+    now, decisions = 0.0, []
+    for _ in range(50):
+        tracker.on_ready(now)
+        now += 10.0
+        decision = tracker.on_failure(now, was_ready=True)
+        decisions.append(decision)
+        now += decision.delay_s + 1.0  # the backoff, then a one-second load
+    assert all(d.retry and d.was_ready for d in decisions)
+    assert [d.delay_s for d in decisions[:6]] == [1, 2, 4, 8, 8, 8]
+    assert [d.looping for d in decisions[:4]] == [False, False, True, True]
+    assert all(d.looping for d in decisions[2:])
+    # Deaths older than ten minutes are forgotten: 10 s ready + 8 s backoff + 1 s load.
+    assert decisions[-1].deaths == len([t for t in range(0, 601, 19)])
+
+
+def test_deaths_apart_by_more_than_ten_minutes_are_not_a_loop() -> None:
+    tracker = RestartTracker(RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=8))
+    for death in (0.0, 601.0, 1202.0):
+        tracker.on_ready(death - 30.0)
+        decision = tracker.on_failure(death, was_ready=True)
+        assert (decision.deaths, decision.looping) == (1, False)
+
+
+def test_crash_looping_ends_after_a_stable_run() -> None:
+    tracker = RestartTracker(
+        RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=8, stable_after_s=60)
+    )
+    tracker.on_ready(0.0)
+    tracker.on_failure(5.0, was_ready=True)
+    tracker.on_ready(7.0)
+    assert tracker.on_failure(9.0, was_ready=True).looping
+    tracker.on_ready(11.0)
+    assert tracker.looping(70.0) is True
+    assert tracker.looping(71.0) is False  # 60 s ready
+    # A death after that is a first failure for the backoff, but still the third death
+    # within ten minutes: it loops again.
+    decision = tracker.on_failure(80.0, was_ready=True)
+    assert (decision.delay_s, decision.deaths, decision.looping) == (1, 3, True)
+
+
+def test_becoming_ready_ends_a_run_of_failed_starts() -> None:
+    tracker = RestartTracker(RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=10))
+    tracker.on_failure(0.0, was_ready=False)
+    tracker.on_failure(1.0, was_ready=False)
+    tracker.on_ready(5.0)
+    tracker.on_failure(10.0, was_ready=True)
+    decision = tracker.on_failure(15.0, was_ready=False)
+    # The backoff keeps doubling (no stable run yet), but this is the first failed start
+    # since the instance last came up: it is retried.
+    assert (decision.retry, decision.failed_starts, decision.delay_s) == (True, 1, 8)
 
 
 def test_a_stable_run_forgives_past_failures() -> None:
     tracker = RestartTracker(
         RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=10, stable_after_s=60)
     )
-    tracker.on_failure(0.0)
-    tracker.on_failure(1.0)
+    tracker.on_failure(0.0, was_ready=False)
+    tracker.on_failure(1.0, was_ready=False)
     tracker.on_ready(10.0)
     assert tracker.on_stable_check(69.0) is False
     assert tracker.failures == 2
@@ -80,30 +138,20 @@ def test_a_crash_after_a_long_run_counts_as_a_first_failure() -> None:
     tracker = RestartTracker(
         RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=10, stable_after_s=60)
     )
-    tracker.on_failure(0.0)
-    tracker.on_failure(1.0)
+    tracker.on_failure(0.0, was_ready=False)
+    tracker.on_failure(1.0, was_ready=False)
     tracker.on_ready(10.0)
-    decision = tracker.on_failure(500.0)  # nobody called on_stable_check in between
+    decision = tracker.on_failure(500.0, was_ready=True)  # nobody called on_stable_check
     assert (decision.retry, decision.delay_s, decision.attempt) == (True, 1, 1)
-
-
-def test_a_crash_soon_after_ready_keeps_counting() -> None:
-    tracker = RestartTracker(
-        RestartPolicy(max_retries=2, backoff_s=1, max_backoff_s=10, stable_after_s=60)
-    )
-    tracker.on_failure(0.0)
-    tracker.on_ready(5.0)
-    tracker.on_failure(10.0)
-    tracker.on_ready(15.0)
-    assert tracker.on_failure(20.0).retry is False
 
 
 def test_reset_starts_afresh() -> None:
     tracker = RestartTracker(RestartPolicy(max_retries=1, backoff_s=1, max_backoff_s=4))
-    tracker.on_failure(0.0)
-    assert tracker.on_failure(1.0).retry is False
+    tracker.on_failure(0.0, was_ready=False)
+    assert tracker.on_failure(1.0, was_ready=False).retry is False
     tracker.reset()
-    assert tracker.on_failure(2.0) == tracker.on_failure(2.0).__class__(True, 1, 1)
+    decision = tracker.on_failure(2.0, was_ready=False)
+    assert (decision.retry, decision.delay_s, decision.failed_starts) == (True, 1, 1)
 
 
 def test_huge_attempt_numbers_do_not_overflow() -> None:
@@ -346,33 +394,60 @@ async def test_crash_backs_off_visibly_then_restarts(world: World) -> None:
     assert world.states() == [S.STARTING, S.READY, S.BACKOFF, S.STARTING, S.READY]
 
 
-async def test_repeated_crashes_double_the_wait_then_fail(world: World) -> None:
-    world.launcher.ring_lines = ["CUDA error: out of memory"]
-    inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=60))
+async def test_a_ready_instance_killed_again_and_again_is_restarted_and_flagged_never_failed(
+    world: World,
+) -> None:
+    inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=8))
     await start(inst)
+    looping = []
+    for delay in (2, 4, 8, 8, 8, 8):
+        world.launcher.spawned[-1].exit(-signal.SIGKILL)
+        await settle()
+        assert inst.state is S.BACKOFF
+        assert inst.backoff_until == world.clock.now() + delay
+        looping.append(inst.crash_looping)
+        await world.clock.advance(delay)
+        assert inst.state is S.READY
+    assert looping == [False, True, True, True, True, True]
+    assert inst.restarts == 6 and len(world.launcher.spawned) == 7
+    assert S.FAILED not in world.states()
+    assert world.events[-3][2] == (
+        "killed by signal SIGKILL; died after being ready (6 times in 10 min), restart in 8s"
+    )
+
+
+async def test_crash_looping_clears_after_a_minute_ready(world: World) -> None:
+    inst = world.instance(RestartPolicy(max_retries=1, backoff_s=2, max_backoff_s=8))
+    await start(inst)
+    world.launcher.spawned[-1].exit(1)
+    await world.clock.advance(2)
+    assert inst.state is S.READY and inst.crash_looping
+    await world.clock.advance(59.9)
+    assert inst.crash_looping
+    await world.clock.advance(0.1)
+    assert not inst.crash_looping
+
+
+async def test_starts_that_never_become_ready_end_failed(world: World) -> None:
+    world.launcher.ring_lines = ["CUDA error: out of memory"]
+    world.health[:] = [503]
+    inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=60))
+    first = asyncio.create_task(start(inst))
+    await settle()
     for delay in (2, 4):
         world.launcher.spawned[-1].exit(1)
         await settle()
         assert inst.state is S.BACKOFF
         assert inst.backoff_until == world.clock.now() + delay
         await world.clock.advance(delay)
-        assert inst.state is S.READY
+        assert inst.state is S.STARTING
     world.launcher.spawned[-1].exit(1)
     await settle()
     assert inst.state is S.FAILED
     assert inst.last_error == "exited with code 1: CUDA error: out of memory"
-    assert world.events[-1][2].endswith("gave up after 2 restarts")
-
-
-async def test_a_failed_start_counts_like_a_crash(world: World) -> None:
-    world.health[:] = [503]
-    inst = world.instance()
-    task = asyncio.create_task(start(inst))
-    await settle()
-    world.launcher.spawned[0].exit(1)
-    with pytest.raises(StartFailed, match="exited with code 1"):
-        await task
-    assert inst.state is S.BACKOFF and inst.attempt == 1
+    assert world.events[-1][2].endswith("gave up after 3 failed starts in a row")
+    with pytest.raises(StartFailed):
+        await first
 
 
 async def test_stop_cancels_a_pending_restart(world: World) -> None:
@@ -433,11 +508,15 @@ async def test_command_not_found_fails_without_retrying(world: World) -> None:
 
 
 async def test_start_after_failed_resets_the_count(world: World) -> None:
+    world.health[:] = [503]
     inst = world.instance(RestartPolicy(max_retries=0, backoff_s=1, max_backoff_s=1))
-    await start(inst)
-    world.launcher.spawned[0].exit(1)
+    first = asyncio.create_task(start(inst))
     await settle()
+    world.launcher.spawned[0].exit(1)
+    with pytest.raises(StartFailed):
+        await first
     assert inst.state is S.FAILED and inst.attempt == 1
+    world.health[:] = [200]
     await start(inst)  # an operator asked for a load
     assert inst.state is S.READY and inst.attempt == 0
 

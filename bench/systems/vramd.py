@@ -244,7 +244,7 @@ class Vramd(System):
             return
         self.box.remove(service, now)
         self.rec.oom(service, now)
-        decision = self.trackers[service].on_failure(now)
+        decision = self.trackers[service].on_failure(now, was_ready=False)
         first_of_chain = not proc.oom_incident
         proc.oom_incident = first_of_chain and decision.retry
         if decision.retry:

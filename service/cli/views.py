@@ -105,8 +105,23 @@ def service_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
         if svc.get("waiting_for"):
             text = str(svc["waiting_for"]).removeprefix(f"{svc['name']} ")
             yield f"{svc['name']}: {text}"
+        elif svc.get("backoff"):
+            yield f"{svc['name']}: {backoff_text(svc['backoff'], svc.get('last_error'))}"
         elif svc.get("last_error") and svc.get("state") in ("failed", "backoff", "stopped"):
             yield f"{svc['name']}: {svc['last_error']}"
+
+
+def backoff_text(backoff: dict[str, Any], error: str | None) -> str:
+    """``died after being ready, 3 times in 10 min (killed by signal SIGKILL); next start
+    12:03:10`` or ``start failed 2 times in a row (…); next start …``."""
+    if backoff.get("cause") == "died":
+        deaths = backoff.get("deaths_in_10_min") or 1
+        what = "died after being ready" + ("" if deaths == 1 else f", {deaths} times in 10 min")
+    else:
+        starts = backoff.get("failed_starts") or 1
+        what = "start failed" + ("" if starts == 1 else f" {starts} times in a row")
+    why = f" ({error})" if error else ""
+    return f"{what}{why}; next start {local_time(backoff.get('next_start_at'), '%H:%M:%S')}"
 
 
 # ------------------------------------------------------- load/unload/restart

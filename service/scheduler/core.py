@@ -81,8 +81,9 @@ from service.scheduler.events import (
 from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
 from service.scheduler.operators import answer_operators
-from service.scheduler.planner import run_pass
+from service.scheduler.planner import give_up_retry, run_pass, wanted_back
 from service.scheduler.reasons import (
+    backoff_text,
     expired_idle,
     failed_message,
     unloaded_message,
@@ -255,19 +256,28 @@ class Scheduler:
         svc = self._book.services.get(event.service)
         if svc is not None and svc.state is S.STARTING:
             svc.state = S.READY
-            svc.last_used = self._book.now  # idle time counts from ready, not from start
+            # Idle time counts from ready, not from start; but an instance back after a
+            # crash keeps its last use, or a crash would renew its idle TTL for ever.
+            if not svc.crashed or svc.last_used is None:
+                svc.last_used = self._book.now
             svc.error = None
+            svc.crashed = False
 
     def _on_backoff(self, event: InstanceBackoff) -> None:
         svc = self._book.services.get(event.service)
         if svc is None or not svc.resident:
             return
-        self._book.drop_in_flight(svc)
+        book = self._book
+        book.drop_in_flight(svc)
         svc.error = event.error
         svc.retry_at = event.retry_at
+        svc.crashed = event.crashed
         if svc.state is S.READY:
             svc.state = S.STARTING  # the supervisor retries; the reservation stays
-        self._book.note(svc.name, "backoff", f"{svc.name} will be retried: {event.error}")
+        if event.retry_at is not None and not wanted_back(svc, book.now):
+            give_up_retry(book, svc)
+            return
+        book.note(svc.name, "backoff", backoff_text(svc, book.now, book.clock))
 
     def _on_failed(self, event: InstanceFailed) -> None:
         book = self._book

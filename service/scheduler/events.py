@@ -47,12 +47,15 @@ class InstanceBackoff:
 
     Its reservation is kept (the retry needs the same bytes) and its queue keeps waiting.
     ``retry_at`` is when the supervisor's backoff ends: the first pass at or after it
-    issues the retry's ``Start`` (``None``: the retry is not the scheduler's to issue).
+    issues the retry's ``Start`` if the service is still wanted (``None``: the retry is
+    not the scheduler's to issue). ``crashed``: the instance had been ready (it died;
+    never given up on), else its start failed.
     """
 
     service: str
     error: str
     retry_at: float | None = None
+    crashed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

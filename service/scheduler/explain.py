@@ -16,6 +16,7 @@ from service.domain import InstanceState
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
 from service.scheduler.planner import candidates, first_in_line, line_order
+from service.scheduler.reasons import backoff_text
 from service.scheduler.state import ServiceState
 from service.scheduler.yielding import Asker
 from service.units import format_duration, format_size
@@ -25,8 +26,9 @@ S = InstanceState
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """``verdict``: loaded, stopping, fits, evict, evicting (victims already stopping),
-    wait, never, window_closed or failed. ``message`` says it in words."""
+    """``verdict``: loaded, stopping, backoff (restarts after a crash or a failed start),
+    fits, evict, evicting (victims already stopping), wait, never, window_closed or
+    failed. ``message`` says it in words."""
 
     service: str
     verdict: str
@@ -62,7 +64,7 @@ def explain(book: Book, name: str, now: float) -> Explanation:
     svc = book.services[name]
     need = svc.expected_peak
     if svc.resident:
-        return _resident(svc, need)
+        return _resident(book, svc, need, now)
     if svc.state is S.FAILED:
         message = f"{name} failed ({svc.error or 'crash-looping'}); a load clears it"
         return Explanation(name, "failed", message, need)
@@ -125,12 +127,18 @@ def explain(book: Book, name: str, now: float) -> Explanation:
             )
 
 
-def _resident(svc: ServiceState, need: int) -> Explanation:
+def _resident(book: Book, svc: ServiceState, need: int, now: float) -> Explanation:
     devices = svc.devices
     where = f"on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}"
     if svc.state in (S.DRAINING, S.STOPPING):
         message = f"{svc.name} is {svc.state.value} {where} ({svc.stop_reason})"
         return Explanation(svc.name, "stopping", message, need, svc.device, devices=devices)
+    if svc.retry_at is not None:
+        message = f"{backoff_text(svc, now, book.clock)}, {where}; its memory stays reserved"
+        data = {"restart_in_s": max(0.0, svc.retry_at - now), "crashed": svc.crashed}
+        return Explanation(
+            svc.name, "backoff", message, need, svc.device, devices=devices, data=data
+        )
     message = f"{svc.name} is {svc.state.value} {where}, charged {format_size(svc.charge)}"
     return Explanation(svc.name, "loaded", message, need, svc.device, devices=devices)
 

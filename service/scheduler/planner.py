@@ -276,6 +276,9 @@ def retry(book: Book, svc: ServiceState) -> None:
     evicted for it to be gone: retrying while they still hold their memory would fail
     again for the wrong reason and be diagnosed as a capacity shortage.
     """
+    if not wanted_back(svc, book.now):
+        give_up_retry(book, svc)
+        return
     if svc.retry_after_room and any(
         other.going and set(other.devices) & set(svc.devices)
         for other in book.services.values()
@@ -289,6 +292,29 @@ def retry(book: Book, svc: ServiceState) -> None:
     book.out.append(
         Start(svc.name, svc.devices[0], "restart after backoff", retry=True, spans=spans)
     )
+
+
+def wanted_back(svc: ServiceState, now: float) -> bool:
+    """Whether an instance that crashed or failed to start is started again: something
+    asks for it (requests, pinning, an operator's load or restart, a preload), or it
+    would still be resident now had it not crashed (its idle TTL has not run out).
+
+    A runtime that keeps coming up is retried for as long as this holds, however often
+    it dies; one that nobody wants any more is stopped and loads afresh when asked.
+    """
+    if svc.wants_load:
+        return True
+    ttl = svc.rule.idle_ttl_s
+    return ttl <= 0 or (svc.last_used is not None and now - svc.last_used < ttl)
+
+
+def give_up_retry(book: Book, svc: ServiceState) -> None:
+    """Stop a backed-off instance nothing wants back; its memory is released."""
+    svc.retry_at = None
+    svc.retry_after_room = False
+    message = f"{svc.name} is not started again: nothing asks for it and its idle_ttl ran out"
+    book.note(svc.name, "no-retry", message)
+    book.stop(svc, "nothing wants it back after it ended")
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:

@@ -7,7 +7,7 @@ one an operator or a client sees (queue timeouts, refusals, ``vramd ps``).
 from __future__ import annotations
 
 from service.domain import InstanceState, Residency
-from service.scheduler.admission import ClockText
+from service.scheduler.admission import ClockText, when_text
 from service.scheduler.state import ServiceState
 
 S = InstanceState
@@ -36,12 +36,24 @@ def what_it_waited_for(
     if text is not None:
         yields = svc.wait.yields_at() if svc.wait is not None else None
         return text, None if yields is None else max(0.0, yields - now)
+    if svc.state is S.STARTING and svc.retry_at is not None:
+        return backoff_text(svc, now, clock), max(0.0, svc.retry_at - now)
     if svc.state is S.STARTING:
         return f"{svc.name} was still loading", None
     if svc.state is S.READY:
         slots = svc.rule.max_concurrency
         return f"all {slots} slot(s) of {svc.name} were busy", None
     return None, None
+
+
+def backoff_text(svc: ServiceState, now: float, clock: ClockText | None) -> str:
+    """``chat died after being ready (killed by signal SIGKILL); it starts again by
+    12:03:10``, or ``… failed to start …``, while its backoff runs."""
+    what = "died after being ready" if svc.crashed else "failed to start"
+    text = f"{svc.name} {what} ({svc.error or 'no error given'})"
+    if svc.retry_at is None:
+        return text
+    return f"{text}; it starts again {when_text(svc.retry_at, now, clock)}"
 
 
 def failed_message(svc: ServiceState) -> str:

@@ -141,6 +141,8 @@ class ServiceState:
     # instances evicted for it to be gone, or it would fail again for the wrong reason.
     retry_at: float | None = None
     retry_after_room: bool = False
+    # The backoff follows a crash of a ready instance (not a failed start).
+    crashed: bool = False
     # A sleeper (``InstanceAsleep``): stopped to admission, its process alive on
     # ``asleep_on``. ``sleeper_stopping``: told to stop for good, not yet gone.
     asleep_on: tuple[int, ...] | None = None

@@ -10,9 +10,10 @@ used unchanged:
     STARTING/READY/DRAINING --stop()--> STOPPING --> STOPPED (FAILED if it survives SIGKILL)
     BACKOFF/FAILED --stop()--> STOPPED        STARTING --command not found--> FAILED
 
-A failed start goes straight to BACKOFF or FAILED, as a crash does: the restart tracker
-decides, so a runtime that dies while loading and one that dies while serving count
-against the same ``max_retries``. Backoff is a state with a deadline (``backoff_until``)
+A failed start goes straight to BACKOFF or FAILED, a crash of a ready instance to
+BACKOFF: the restart tracker (``backoff``) decides, and only starts that never became
+ready count towards ``max_retries`` (a runtime that keeps coming up is never given up
+on; it is flagged crash-looping instead). Backoff is a state with a deadline (``backoff_until``)
 that ``vramd ps`` can show, not a retry loop hidden inside ``start``. Standalone, the
 instance restarts itself when the deadline passes; with ``restart_by_owner`` (the
 daemon) it waits in BACKOFF for its owner to ``start`` it again, so the retry is a
@@ -39,7 +40,12 @@ import httpx
 from service.clock import Clock
 from service.domain import InstanceState, check_transition
 from service.errors import VramdError
-from service.supervisor.backoff import DEFAULT_POLICY, RestartPolicy, RestartTracker
+from service.supervisor.backoff import (
+    DEFAULT_POLICY,
+    RestartDecision,
+    RestartPolicy,
+    RestartTracker,
+)
 from service.supervisor.logs import LogRing
 from service.supervisor.process import ProcessLauncher
 from service.supervisor.run import LaunchSpec, OnSpawned, ProcessRun, RunEnd, RunResult
@@ -102,6 +108,7 @@ class Instance:
         self._backoff_until: float | None = None
         self._backoff_due: float | None = None
         self._restarts = 0
+        self._last_failure: RestartDecision | None = None
 
     # -- what the owner reads ---------------------------------------------------------
 
@@ -159,8 +166,24 @@ class Instance:
 
     @property
     def attempt(self) -> int:
-        """Consecutive failures counted towards ``max_retries``."""
+        """Failures since the last stable run: the step of the backoff."""
         return self._tracker.failures
+
+    @property
+    def last_failure(self) -> RestartDecision | None:
+        """How the last unasked end was judged: a failed start or a death, and what next."""
+        return self._last_failure
+
+    @property
+    def stable_after_s(self) -> float:
+        """How long a ready instance must hold for its failures to be forgiven."""
+        return self._tracker.policy.stable_after_s
+
+    @property
+    def crash_looping(self) -> bool:
+        """Died after being ready ``max_retries`` times within ten minutes, and not ready
+        for ``stable_after_s`` since (``backoff.RestartTracker.looping``)."""
+        return self._tracker.looping(self._clock.monotonic())
 
     # -- what the owner asks ----------------------------------------------------------
 
@@ -316,17 +339,19 @@ class Instance:
             # It was serving nothing; the next request loads it afresh.
             self._set_state(S.STOPPED, f"exited while asleep: {error}")
         else:
-            decision = self._tracker.on_failure(self._clock.monotonic())
+            was_ready = self._state is S.READY
+            decision = self._tracker.on_failure(self._clock.monotonic(), was_ready=was_ready)
+            self._last_failure = decision
+            why = f"{error}; {decision.describe(self._tracker.policy.max_retries)}"
             if decision.retry:
                 self._backoff_until = self._clock.now() + decision.delay_s
                 self._backoff_due = self._clock.monotonic() + decision.delay_s
-                self._set_state(S.BACKOFF, f"{error}; restart in {decision.delay_s:g}s")
+                self._set_state(S.BACKOFF, why)
                 if not self._restart_by_owner:
                     self._restart_task = asyncio.create_task(self._restart_after(decision.delay_s))
                     self._restart_task.add_done_callback(self._task_done)
             else:
-                retries = self._tracker.policy.max_retries
-                self._set_state(S.FAILED, f"{error}; gave up after {retries} restarts")
+                self._set_state(S.FAILED, why)
         if result.end is not RunEnd.STOPPED and result.returncode is not None and self._on_exit:
             try:
                 self._on_exit(self, result.returncode, error)
