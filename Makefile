@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle clean db-upgrade
+.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -97,6 +97,11 @@ bench-proxy: $(VENV)/.installed-dev
 # (docs/benchmarks.md, "Idle cost"); about a minute and a half.
 bench-idle: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.idle --json bench/out/idle.json --markdown bench/out/idle.md
+
+# Ten minutes of mixed traffic while runtimes are killed, frozen and the database locked:
+# hung clients, cut streams, leaks, lost events, leftover processes (bench/soak.py).
+bench-soak: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.soak --json bench/out/soak.json
 
 # Regenerates the committed traces (deterministic: the same files every time).
 bench-traces: $(VENV)/.installed-dev

@@ -44,6 +44,9 @@ class Outcome(enum.StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # the runtime answered 4xx/5xx
     CLIENT_GONE = "client_gone"
     RUNTIME_FAILED = "runtime_failed"  # unreachable, or died before the answer was whole
+    # The request never reached the runtime (it refused the connection: it had just
+    # died): the proxy asks for a lease again, and this one counts as never granted.
+    NOT_SENT = "not_sent"
     RUNTIME_TIMEOUT = "runtime_timeout"
     PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
 

@@ -34,7 +34,7 @@ from service.errors import (
 )
 from service.eventlog import EventLog
 from service.health import Health
-from service.leases import Lease, Routed, Waiters
+from service.leases import Lease, Outcome, Routed, Waiters
 from service.policy import Policy, diff_policies, load_policy
 from service.policy_records import persist_policy, window_conflicts
 from service.reaping import reap_previous_daemon
@@ -345,6 +345,10 @@ class Orchestrator:
             raise
 
     def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+        if outcome == Outcome.NOT_SENT:
+            # The proxy asks again for the same request: it is not done, nor was it served.
+            self.feed(RequestCancelled(lease.request_id))
+            return
         self.metrics.request_done(lease.service, outcome, queue_s=lease.queue_ms / 1000)
         rt = self.runtimes.get(lease.service)
         if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):

@@ -21,11 +21,15 @@ Cancellation, both ways:
   is: in the queue (the provider withdraws the request), waiting for the runtime's first
   byte, or relaying a stream. Closing the upstream response closes its connection, so the
   runtime sees the disconnect and stops generating for nobody.
-- The runtime dies or stalls. Before the answer has started: 502 ``runtime_failed`` or
-  504 ``runtime_timeout``. Mid-stream: the client's event stream ends with an
-  OpenAI-shaped error event (never a half event, never a hang). Mid-way through a chunked
-  non-SSE body there is no way to say so in-band, so the connection is aborted
-  (``UpstreamBroken``) rather than letting a truncated body pass for a whole one.
+- The runtime dies or stalls. A request whose connection it refuses never reached it
+  (it has just died, and the supervisor has not noticed yet): the lease is given back
+  unserved (``Outcome.NOT_SENT``) and asked for again, twice, so the request waits in
+  the queue for the instance that replaces it. Once sent, before the answer has started:
+  502 ``runtime_failed`` or 504 ``runtime_timeout`` (a request is never sent twice).
+  Mid-stream: the client's event stream ends with an OpenAI-shaped error event (never a
+  half event, never a hang). Mid-way through a chunked non-SSE body there is no way to
+  say so in-band, so the connection is aborted (``UpstreamBroken``) rather than letting
+  a truncated body pass for a whole one.
 
 Why not Starlette's ``StreamingResponse``: under ASGI 2.3 (uvicorn) it notices a
 disconnect only while streaming, not while the request waits in the queue or for the
@@ -70,6 +74,9 @@ log = logging.getLogger("vramd.proxy")
 
 MIB = 1024 * 1024
 ERROR_TEXT_LIMIT = 4096  # of an upstream error body, handed to release() for diagnosis
+# A request whose connection the runtime refused never reached it (the runtime had just
+# died): it is asked for again after each pause, then answered 502 if still refused.
+NOT_SENT_PAUSES_S = (0.1, 0.4)
 
 # Request headers worth passing on. Everything else stays here: Authorization holds the
 # client's vramd key, Host and Content-Length are recomputed, cookies mean nothing to a
@@ -231,35 +238,57 @@ class ProxyResponse(Response):
             await self.background()
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            lease = await self._leases.acquire(
-                self._service, request_id=self._request_id, request_info=dict(self._request.shape)
-            )
-        except RequestRejected as exc:
-            reply = self._request.dialect.reply(exc)
-            reply.headers["X-Vramd-Service"] = self._service
-            reply.raw_headers.extend(self._request.reply_headers)
-            await reply(scope, receive, send)
-            return
-        # A cancellation is the client hanging up: the watcher is the only canceller.
-        outcome: str = Outcome.CLIENT_GONE
-        error: str | None = None
-        try:
-            outcome, error = await self._forward(lease, scope, receive, send)
-        except OSError:
-            pass  # ASGI 2.4 servers raise from send() once the client has gone
-        except UpstreamBroken as exc:
-            outcome, error = exc.outcome, str(exc)
-            raise
-        except Exception as exc:
-            outcome, error = Outcome.PROXY_ERROR, repr(exc)
-            raise
-        finally:
-            self._leases.release(lease, outcome=outcome, error=error)
+        for pause in (*NOT_SENT_PAUSES_S, None):
+            try:
+                lease = await self._leases.acquire(
+                    self._service,
+                    request_id=self._request_id,
+                    request_info=dict(self._request.shape),
+                )
+            except RequestRejected as exc:
+                reply = self._request.dialect.reply(exc)
+                reply.headers["X-Vramd-Service"] = self._service
+                reply.raw_headers.extend(self._request.reply_headers)
+                await reply(scope, receive, send)
+                return
+            # A cancellation is the client hanging up: the watcher is the only canceller.
+            outcome: str = Outcome.CLIENT_GONE
+            error: str | None = None
+            try:
+                outcome, error = await self._forward(
+                    lease, scope, receive, send, may_ask_again=pause is not None
+                )
+            except OSError:
+                pass  # ASGI 2.4 servers raise from send() once the client has gone
+            except UpstreamBroken as exc:
+                outcome, error = exc.outcome, str(exc)
+                raise
+            except Exception as exc:
+                outcome, error = Outcome.PROXY_ERROR, repr(exc)
+                raise
+            finally:
+                self._leases.release(lease, outcome=outcome, error=error)
+            if outcome != Outcome.NOT_SENT or pause is None:
+                return
+            log.info("%s; asking again for %s in %gs", error, self._service, pause)
+            # Long enough for the supervisor to see the death, so the next lease waits
+            # for the instance that replaces it rather than naming the dead one again.
+            await asyncio.sleep(pause)
 
     async def _forward(
-        self, lease: Lease, scope: Scope, receive: Receive, send: Send
+        self,
+        lease: Lease,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        may_ask_again: bool = False,
     ) -> tuple[Outcome, str | None]:
+        """Send the request and relay the answer; the outcome and error for ``release``.
+
+        ``may_ask_again``: a connection the runtime refused (the request never reached
+        it: it has just died) answers nothing to the client and returns ``NOT_SENT``.
+        """
         config = self._config
         client = lease.client
         request = client.build_request(
@@ -282,8 +311,13 @@ class ProxyResponse(Response):
             else:
                 failure = _timed_out(lease, "before its answer began", config.first_byte_timeout)
             return await self._answer_failure(failure, marks, scope, receive, send)
-        except httpx.RequestError as exc:
+        except httpx.ConnectError as exc:
             failure = _failed(lease, "could not be reached", exc)
+            if may_ask_again:
+                return Outcome.NOT_SENT, failure.message
+            return await self._answer_failure(failure, marks, scope, receive, send)
+        except httpx.RequestError as exc:
+            failure = _failed(lease, "dropped the connection before answering", exc)
             return await self._answer_failure(failure, marks, scope, receive, send)
 
         try:

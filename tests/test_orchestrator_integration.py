@@ -552,3 +552,26 @@ async def test_a_service_removed_while_it_backs_off_is_stopped_and_forgotten(
     await wait_until(lambda: "crash" not in orc.runtimes, what="crash to be forgotten")
     assert "crash" not in orc.scheduler.service_names()
     assert not orc.failed_tasks  # no effect ran against a vanished runtime
+
+
+async def test_a_lease_given_back_unsent_waits_for_the_instance_that_replaces_the_dead_one(
+    harness: OrchestratorHarness,
+) -> None:
+    # The proxy found the runtime's port refusing (it had just been killed): it gives
+    # the lease back as not sent and asks again; the second lease is the next instance's.
+    chat = demo_service(memory_mib=20, restart={"backoff": "0.2s", "max_backoff": "0.2s"})
+    daemon = await harness.start(policy_text({"chat": chat}))
+    orc = daemon.orchestrator
+    lease = await orc.acquire("chat", request_id="r1")
+    first_pid = daemon.view("chat")["pid"]
+    psutil.Process(first_pid).kill()
+    orc.release(lease, outcome="not_sent", error="could not be reached")
+    # The proxy pauses before it asks again (proxy.NOT_SENT_PAUSES_S): by then the
+    # supervisor has seen the death. Here: wait for that, not for a time.
+    await wait_until(lambda: daemon.view("chat")["state"] != "ready", what="the death seen")
+    again = await orc.acquire("chat", request_id="r1")
+    assert daemon.view("chat")["pid"] not in (None, first_pid)
+    assert await health(again.base_url) == 200
+    orc.release(again, outcome="ok")
+    view = daemon.view("chat")
+    assert view["requests_served"] == 1 and view["restarts"] == 1

@@ -542,6 +542,19 @@ async def test_crash_while_draining_just_stops(world: World) -> None:
     assert world.exits == [(1, "exited with code 1")]
 
 
+async def test_a_death_just_before_a_stop_is_said_not_passed_off_as_a_clean_stop(
+    world: World,
+) -> None:
+    inst = world.instance()
+    await start(inst)
+    world.launcher.spawned[0].exit(-signal.SIGKILL)  # the OOM killer, a moment before
+    await inst.stop("evicted for embed", timeout_s=5)
+    assert inst.state is S.STOPPED
+    reason = "evicted for embed (killed by signal SIGKILL before the stop took effect)"
+    assert world.events[-1] == (S.STOPPING, S.STOPPED, reason)
+    assert inst.last_error == "killed by signal SIGKILL before the stop took effect"
+
+
 async def test_an_owner_restarted_instance_waits_in_backoff_for_its_owner(world: World) -> None:
     inst = world.instance(restart_by_owner=True)
     await start(inst)

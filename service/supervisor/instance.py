@@ -325,11 +325,7 @@ class Instance:
             self._set_state(S.FAILED, error)
         elif self._state is S.STOPPING:
             # Our stop, or one that arrived while an end was being handled: it wins.
-            why = (
-                self._stop_reason
-                if result.end is RunEnd.STOPPED
-                else f"{self._stop_reason} ({error})"
-            )
+            why = f"{self._stop_reason} ({error})" if error else self._stop_reason
             self._set_state(S.STOPPED, why)
         elif result.end is RunEnd.NO_PROCESS:
             self._set_state(S.FAILED, error)  # retrying cannot find a missing command

@@ -173,12 +173,20 @@ class ProcessRun:
             delay = min(delay * 1.5, HEALTH_MAX_DELAY_S)
 
     async def _terminate(self, proc: RuntimeProcess) -> RunResult:
+        gone_before = proc.returncode is not None
         proc.send_signal_group(signal.SIGTERM)
+        killed = False
         if not await self._wait_exit(proc, self._stop_timeout_s):
             proc.send_signal_group(signal.SIGKILL)
+            killed = True
             await self._wait_exit(proc, self._kill_timeout_s)
         code = await self._release(proc)
         error = "" if code is not None else f"pid {proc.pid} did not exit after SIGKILL"
+        if code is not None and (gone_before or (code == -signal.SIGKILL and not killed)):
+            # It died on its own as the stop came (the OOM killer, a kill): the stop goes
+            # on as asked, but the death is said, not passed off as a clean stop.
+            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self._log_mark)
+            error = f"{describe_exit(code, tail)} before the stop took effect"
         return RunResult(RunEnd.STOPPED, code, error)
 
     async def _ended(self, proc: RuntimeProcess, end: RunEnd) -> RunResult:
