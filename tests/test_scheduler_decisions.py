@@ -215,8 +215,8 @@ def test_an_instance_back_after_a_crash_keeps_its_idle_clock() -> None:
     assert starts(world.send(Tick(), at=40.0)) == ["s"]
     world.send(InstanceReady("s"), at=41.0)
     assert of(world.send(Tick(), at=59.0), Stop) == []
-    (stop,) = of(world.send(Tick(), at=60.0), Stop)
-    assert stop.reason.startswith("idle for 1m")
+    drain, _terminate = of(world.send(Tick(), at=60.0), Stop)
+    assert drain.reason.startswith("idle for 1m")
 
 
 def test_explain_says_a_backed_off_service_died_and_when_it_starts_again() -> None:
