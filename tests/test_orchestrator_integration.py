@@ -575,3 +575,27 @@ async def test_a_lease_given_back_unsent_waits_for_the_instance_that_replaces_th
     orc.release(again, outcome="ok")
     view = daemon.view("chat")
     assert view["requests_served"] == 1 and view["restarts"] == 1
+
+
+async def test_a_runtime_that_dies_and_is_not_wanted_back_is_stopped_not_restarted(
+    harness: OrchestratorHarness,
+) -> None:
+    # Killed right after its request; its 2 s backoff outlives its 1 s idle TTL: nothing
+    # would have kept it resident, so it is not started again and its memory is freed.
+    spec = demo_service(
+        memory_mib=20, idle_ttl="1s", restart={"backoff": "2s", "max_backoff": "2s"}
+    )
+    daemon = await harness.start(policy_text({"idler": spec}))
+    orc = daemon.orchestrator
+    lease = await orc.acquire("idler")
+    orc.release(lease, outcome="ok")
+    psutil.Process(daemon.view("idler")["pid"]).kill()
+    await wait_state(daemon, "idler", "backoff")
+    await wait_state(daemon, "idler", "stopped", timeout=10)
+    view = daemon.view("idler")
+    assert (view["restarts"], view["charge_bytes"], view["pid"]) == (0, 0, None)
+    (note,) = daemon.events(kind="no-retry")
+    assert "nothing asks for it and its idle_ttl ran out" in note["message"]
+    lease = await orc.acquire("idler")  # the next request loads it afresh
+    assert lease.cold_start is True
+    orc.release(lease, outcome="ok")
