@@ -8,7 +8,7 @@ APScheduler jobs are derived from them at startup and whenever a policy is appli
 never pickled into the database. A job only *posts* ("window W opened") to
 ``service.windows``; what a window does (restart flagged services by draining them, let
 window-only services load, stop those when it closes) is decided there, with the
-scheduler, like every other change. Cron lines are read by ``service.cron``, the same
+scheduler, like every other change. Cron lines are read by ``service.policy.cron``, the same
 code the policy checks them with.
 """
 
@@ -24,7 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 
 from service.clock import Clock
-from service.cron import cron_trigger, next_fire_time
+from service.policy.cron import cron_trigger, next_fire_time
 
 log = logging.getLogger("vramd.maintenance")
 

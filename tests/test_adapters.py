@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.adapter_names import ADAPTER_NAMES, ALIASES, SLEEP_ADAPTERS
 from service.adapters import (
     ADAPTERS,
     LLAMA_CPP,
@@ -37,6 +36,7 @@ from service.adapters import (
     parse_samples,
 )
 from service.adapters import vllm as vllm_sleep
+from service.policy.runtime_names import ADAPTER_NAMES, ALIASES, SLEEP_ADAPTERS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adapters"
 KNOWN = ("llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp", "tei", "openai")
@@ -343,7 +343,7 @@ def test_every_adapter_is_registered_under_its_name() -> None:
 
 
 def test_the_policys_names_are_the_registrys() -> None:
-    # The policy checks adapter: and sleep: with service.adapter_names, which imports no
+    # The policy checks adapter: and sleep: with service.policy.runtime_names, which imports no
     # adapter; the two lists must not drift apart.
     assert tuple(ADAPTERS) == ADAPTER_NAMES
     assert {name for name, adapter in ADAPTERS.items() if adapter.supports_sleep} == SLEEP_ADAPTERS

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.cron import cron_trigger, cron_weekdays, next_fire_time
 from service.policy import check_cron
+from service.policy.cron import cron_trigger, cron_weekdays, next_fire_time
 from service.window_jobs import Maintenance, OpenWindow, WindowSpec
 
 

@@ -34,8 +34,8 @@ from service.demo_runtime import tiny_wav
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound, ServiceNotFound
 from service.leases import Lease, Routed
+from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import ProxyConfig
-from service.routes import ROUTES_BY_KIND
 
 pytestmark = pytest.mark.slow
 

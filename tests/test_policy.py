@@ -745,7 +745,7 @@ def test_a_protect_change_applies_in_place() -> None:
 
 # What the policy and the pure scheduler may reach inside service/: values only (DESIGN
 # section 2, "values stay values"). No maintenance jobs, adapters, processes or kernel.
-VALUE_MODULES = ("domain", "errors", "units", "yamlpos", "cron", "adapter_names", "routes")
+VALUE_MODULES = ("domain", "errors", "units")
 _IMPORT_PROBE = """
 import pathlib, sys
 import service.policy, service.scheduler

@@ -35,8 +35,8 @@ from service.errors import (
     ServiceNotFound,
 )
 from service.leases import Routed
+from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import Lease, ProxyConfig, UpstreamBroken, events_end
-from service.routes import ROUTES_BY_KIND
 
 CHAT = "/v1/chat/completions"
 TRANSCRIBE = "/v1/audio/transcriptions"

@@ -16,7 +16,7 @@ from service.api.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, 
 from service.domain import ServiceKind
 from service.errors import InsufficientCapacity, PolicyError, QueueFull
 from service.policy import diff_policies, load_policy
-from service.routes import CLIENT_ROUTES, ROUTES_BY_KIND, check_route_map, route_table
+from service.policy.routes import CLIENT_ROUTES, ROUTES_BY_KIND, check_route_map, route_table
 
 
 def policy_with(service: str) -> str:

@@ -16,7 +16,7 @@ and ``registry`` finds an adapter by name or from a command line::
     registry.py         adapter_named, guess_adapter
 
 Adapters do no I/O; the vLLM sleep helpers take the caller's ``httpx.AsyncClient``. The
-names alone, and the guess from a command line, are ``service.adapter_names``: values
+names alone, and the guess from a command line, are ``service.policy.runtime_names``: values
 the policy reads without importing this package.
 """
 

@@ -1,7 +1,7 @@
 """Finding the adapter for a service: by the name a policy gives, or from its command line.
 
 The names, their aliases and the guess from a command line are values the policy needs
-too, so they live in ``service.adapter_names``; this module maps each name to the
+too, so they live in ``service.policy.runtime_names``; this module maps each name to the
 adapter that carries that runtime's knowledge.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from service.adapter_names import canonical_name, guess_name
 from service.adapters.base import Adapter
 from service.adapters.generic import OPENAI
 from service.adapters.llamacpp import LLAMA_CPP
@@ -19,6 +18,7 @@ from service.adapters.sdcpp import SD_CPP
 from service.adapters.tei import TEI
 from service.adapters.vllm import VLLM
 from service.adapters.whispercpp import WHISPER_CPP
+from service.policy.runtime_names import canonical_name, guess_name
 
 ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
     {

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from service.errors import RequestRejected
-from service.routes import ANTHROPIC_ROUTES
+from service.policy.routes import ANTHROPIC_ROUTES
 
 # Anthropic's error types by HTTP status (its SDK raises the class for the status).
 _ANTHROPIC_TYPES = {

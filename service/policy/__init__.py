@@ -15,9 +15,8 @@ Extensions to the contract (the contract's form keeps working):
   (such as the demo runtime) from the daemon's own virtual environment.
 
 The package is values only: it imports no process, job or HTTP code, so the pure
-scheduler and the bench can use it. Cron lines are checked by ``service.cron`` and
-runtime names by ``service.adapter_names``, the same code the maintenance jobs and the
-adapter registry use (a test in tests/test_policy.py holds the import edges). Its parts::
+scheduler and the bench can use it; the maintenance jobs and the adapter registry use its
+cron and runtime-name modules (tests/test_policy.py holds the import edges). Its parts::
 
     schema.py        the pydantic models (Policy, Service, Window, ...) and field checks
     load.py          load_policy: YAML text -> Policy, line-numbered errors, cross checks
@@ -25,9 +24,13 @@ adapter registry use (a test in tests/test_policy.py holds the import edges). It
     protect.py       protect values: never or a duration, and the residency defaults
     starvation.py    the lower priorities a ``protect: never`` can starve (vramd check)
     placeholders.py  ${PORT}, ${CAP_MIB}, ...: the known names and their expansion
+    yamlpos.py       YAML to plain Python, remembering the line and column of every key
+    cron.py          cron lines and time zones: checked, and asked for their next firing
+    routes.py        which client routes each kind of service answers, and where
+    runtime_names.py the runtimes vramd knows by name, and which one a command line runs
 """
 
-from service.cron import check_cron
+from service.policy.cron import check_cron
 from service.policy.diff import RESTART_FIELDS, PolicyDiff, ServiceChange, diff_policies
 from service.policy.load import load_policy
 from service.policy.placeholders import (

@@ -1,6 +1,6 @@
 """``load_policy``: policy text in, a validated ``Policy`` out, or every problem at once.
 
-The steps: parse the YAML keeping each key's line and column (``service.yamlpos``), merge
+The steps: parse the YAML keeping each key's line and column (``service.policy.yamlpos``), merge
 ``defaults`` into the services that do not set a key themselves, validate with the
 ``schema`` models, run the checks that span fields and sections, and raise one
 ``PolicyError`` listing every issue, each naming its key path and line:
@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.adapter_names import SLEEP_ADAPTERS
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
 from service.policy.protect import DEFAULT_PROTECT_S, NEVER
+from service.policy.runtime_names import SLEEP_ADAPTERS
 from service.policy.schema import (
     NAME_PATTERN,
     Defaults,
@@ -31,8 +31,14 @@ from service.policy.schema import (
     Service,
     Window,
 )
+from service.policy.yamlpos import (
+    PathKey,
+    Positions,
+    YamlSyntaxError,
+    format_path,
+    load_with_positions,
+)
 from service.units import format_size
-from service.yamlpos import PathKey, Positions, YamlSyntaxError, format_path, load_with_positions
 
 # Keys of ``defaults`` that are mappings and merge key by key into a service's own.
 _MERGED_MAPPINGS = ("queue", "restart", "env")

@@ -25,11 +25,11 @@ from pydantic import (
     field_validator,
 )
 
-from service.adapter_names import canonical_name, guess_name
-from service.cron import check_cron, check_timezone
 from service.domain import OnCap, Residency, ServiceKind
+from service.policy.cron import check_cron, check_timezone
 from service.policy.protect import Protect
-from service.routes import check_route_map, route_table
+from service.policy.routes import check_route_map, route_table
+from service.policy.runtime_names import canonical_name, guess_name
 from service.units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"

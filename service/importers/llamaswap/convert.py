@@ -14,7 +14,6 @@ from typing import Any
 
 import yaml
 
-from service.adapter_names import guess_name
 from service.errors import PolicyError
 from service.importers import ImportFailed, flow_list
 from service.importers.llamaswap.keys import (
@@ -37,7 +36,8 @@ from service.importers.llamaswap.text import (
     with_port,
 )
 from service.policy import load_policy
-from service.routes import adapter_routes
+from service.policy.routes import adapter_routes
+from service.policy.runtime_names import guess_name
 
 _PROXY_RE = re.compile(
     r"^(?P<scheme>https?)://(?P<host>\[[^\]]*\]|[^:/]+)(?::(?P<port>[^/]+))?(?P<path>/.*)?$"

@@ -57,7 +57,7 @@ ROUTE_ALIASES: Mapping[str, str] = MappingProxyType(
 ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 # Where runtimes answer a client route at another path, by adapter name
-# (``service.adapter_names``). A policy's ``routes:`` entries override these.
+# (``service.policy.runtime_names``). A policy's ``routes:`` entries override these.
 ADAPTER_ROUTES: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         # TEI's OpenAI-compatible surface is /v1/embeddings only; it reranks at /rerank.
