@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from service.runtimes import POOL_LIMITS
+from service.live.runtimes import POOL_LIMITS
 
 # Response headers a relay must not copy: hop-by-hop ones and those the server sets.
 # Content-Length stays: the raw bytes are relayed, so the runtime's length holds.
@@ -89,7 +89,7 @@ class StaticLeases:
         self.client: httpx.AsyncClient | None = None
 
     def resolve(self, model: str, route: str) -> Any:
-        from service.leases import Routed
+        from service.live.leases import Routed
 
         return Routed("bench", route)
 

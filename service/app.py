@@ -36,15 +36,15 @@ from service.devices import DeviceProbe, create_probe
 from service.doctor import Doctor
 from service.effects import KernelEffects
 from service.errors import VramdError
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.health import Health
-from service.leases import Waiters
+from service.live.leases import Waiters
 from service.metrics import Metrics
 from service.orchestrator import TICK_S, Orchestrator
 from service.policy import Policy, load_policy
-from service.policy_records import persist_policy
+from service.store.policy_records import persist_policy
 from service.proxy import ProxyConfig
-from service.runtimes import RuntimeTable
+from service.live.runtimes import RuntimeTable
 from service.sampling import LastReading, Sampler
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address

@@ -24,9 +24,9 @@ from service.devices import DeviceProbe
 from service.doctor import Doctor
 from service.domain import INSTANCE_FLAGS, Flag, InstanceState
 from service.errors import RuntimeFailed
-from service.eventlog import EventLog
-from service.leases import REJECTIONS, Lease, Waiters
-from service.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
+from service.live.events import EventLog
+from service.live.leases import REJECTIONS, Lease, Waiters
+from service.live.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
 from service.sampling import Sampler
 from service.scheduler import (
     Event,

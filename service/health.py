@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.clock import Clock
-from service.eventlog import EventLog
-from service.runtimes import RuntimeTable
+from service.live.events import EventLog
+from service.live.runtimes import RuntimeTable
 from service.sampling import LastReading
 from service.watchdog import Liveness, Stall, Watchdog
 

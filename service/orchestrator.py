@@ -32,13 +32,13 @@ from service.errors import (
     ServiceNotFound,
     WindowClosed,
 )
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.health import Health
-from service.leases import Lease, Outcome, Routed, Waiters
+from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.policy import Policy, diff_policies, load_policy
-from service.policy_records import persist_policy, window_conflicts
+from service.store.policy_records import persist_policy, window_conflicts
 from service.reaping import reap_previous_daemon
-from service.runtimes import RuntimeTable, ServiceRuntime
+from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.sampling import LastReading, Sampler
 from service.scheduler import (
     Event,

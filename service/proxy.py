@@ -67,7 +67,7 @@ from starlette.types import Receive, Scope, Send
 from service.api.dialects import OPENAI, Dialect
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.exchange_watch import Acker, DisconnectWatch, Silence
-from service.leases import Lease, LeaseProvider, Outcome
+from service.live.leases import Lease, LeaseProvider, Outcome
 from service.policy import ServerConfig
 
 log = logging.getLogger("vramd.proxy")

@@ -13,7 +13,7 @@ import asyncio
 from sqlalchemy.orm import Session
 
 from service.clock import Clock
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.store import Store, StoreWriter, queries
 from service.supervisor import OrphanRecord, ReapOutcome, reap_orphans
 

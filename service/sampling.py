@@ -31,7 +31,7 @@ from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
 from service.instance_watch import Finding
-from service.runtimes import RuntimeTable, ServiceRuntime
+from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
 from service.store import Store, StoreWriter, queries
 

@@ -27,12 +27,12 @@ from service.adapters import vllm
 from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import InstanceState
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.supervisor import wait_settled
 from service.units import format_size
 
 if TYPE_CHECKING:
-    from service.runtimes import ServiceRuntime
+    from service.live.runtimes import ServiceRuntime
 
 S = InstanceState
 # Host memory kept free beyond the weights a sleep moves there.

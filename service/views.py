@@ -13,7 +13,7 @@ from service.domain import ProbeReading
 from service.scheduler import LedgerView, ServiceView
 
 if TYPE_CHECKING:
-    from service.runtimes import ServiceRuntime
+    from service.live.runtimes import ServiceRuntime
     from service.supervisor import Instance
 
 

@@ -19,9 +19,9 @@ from typing import Any
 from service.clock import Clock
 from service.domain import INSTANCE_FLAGS
 from service.errors import InvalidRequest, ServiceNotFound
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.policy import Policy
-from service.runtimes import RuntimeTable
+from service.live.runtimes import RuntimeTable
 from service.scheduler import Event, RestartRequested, WindowChanged
 from service.store import Store, queries
 from service.window_jobs import Maintenance, OpenWindow, WindowSpec

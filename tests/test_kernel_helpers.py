@@ -19,11 +19,11 @@ from support.fake_launcher import FakeLauncher
 from service.doctor import Doctor
 from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
 from service.effects import KernelEffects
-from service.eventlog import EventLog
+from service.live.events import EventLog
 from service.instance_watch import Finding
-from service.leases import Waiters
+from service.live.leases import Waiters
 from service.policy import Policy, load_policy
-from service.runtimes import RuntimeTable, ServiceRuntime
+from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.sampling import LastReading, Sampler
 from service.scheduler import (
     Event,

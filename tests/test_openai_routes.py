@@ -33,7 +33,7 @@ from service.api.errors import install_error_handlers
 from service.demo_runtime import tiny_wav
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound, ServiceNotFound
-from service.leases import Lease, Routed
+from service.live.leases import Lease, Routed
 from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import ProxyConfig
 

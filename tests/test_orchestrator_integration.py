@@ -42,7 +42,7 @@ from service.errors import (
     RuntimeFailed,
     WindowClosed,
 )
-from service.leases import Lease
+from service.live.leases import Lease
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ from service.errors import (
     RequestRejected,
     ServiceNotFound,
 )
-from service.leases import Routed
+from service.live.leases import Routed
 from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import Lease, ProxyConfig, UpstreamBroken, events_end
 

@@ -38,7 +38,7 @@ from service.api.dialects import OLLAMA, Dialect
 from service.api.errors import error_response, install_error_handlers
 from service.api.openai import get_leases, get_proxy_config, read_body, request_shape
 from service.errors import InvalidRequest, ModelNotFound
-from service.leases import LeaseProvider, Outcome, Routed
+from service.live.leases import LeaseProvider, Outcome, Routed
 from service.ollama import (
     MANAGEMENT_MESSAGE,
     MANAGEMENT_ROUTES,

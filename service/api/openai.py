@@ -32,7 +32,7 @@ from service.api.deps import get_orchestrator
 from service.api.dialects import dialect_for
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
-from service.leases import LeaseProvider
+from service.live.leases import LeaseProvider
 from service.policy.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
 from service.proxy import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
 from service.units import format_size
