@@ -33,7 +33,7 @@ from service.api.auth import AuthConfig, install_auth
 from service.api.errors import install_error_handlers
 from service.clock import Clock, SystemClock, time_of_day
 from service.devices import DeviceProbe, create_probe
-from service.doctor import Doctor
+from service.memory.doctor import Doctor
 from service.effects import KernelEffects
 from service.errors import VramdError
 from service.live.events import EventLog
@@ -45,7 +45,7 @@ from service.policy import Policy, load_policy
 from service.store.policy_records import persist_policy
 from service.proxy import ProxyConfig
 from service.live.runtimes import RuntimeTable
-from service.sampling import LastReading, Sampler
+from service.memory.sampling import LastReading, Sampler
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
 from service.sleeping import SleepMode

@@ -19,15 +19,15 @@ import contextlib
 from typing import Any, Protocol
 
 from service.clock import Clock
-from service.device_settle import Comeback
+from service.memory.release import Comeback
 from service.devices import DeviceProbe
-from service.doctor import Doctor
+from service.memory.doctor import Doctor
 from service.domain import INSTANCE_FLAGS, Flag, InstanceState
 from service.errors import RuntimeFailed
 from service.live.events import EventLog
 from service.live.leases import REJECTIONS, Lease, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
-from service.sampling import Sampler
+from service.memory.sampling import Sampler
 from service.scheduler import (
     Event,
     Grant,

@@ -16,7 +16,7 @@ from typing import Any
 from service.clock import Clock
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable
-from service.sampling import LastReading
+from service.memory.sampling import LastReading
 from service.watchdog import Liveness, Stall, Watchdog
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
-from service.doctor import Doctor
+from service.memory.doctor import Doctor
 from service.domain import InstanceState
 from service.effects import Counters, KernelEffects
 from service.errors import (
@@ -39,7 +39,7 @@ from service.policy import Policy, diff_policies, load_policy
 from service.store.policy_records import persist_policy, window_conflicts
 from service.reaping import reap_previous_daemon
 from service.live.runtimes import RuntimeTable, ServiceRuntime
-from service.sampling import LastReading, Sampler
+from service.memory.sampling import LastReading, Sampler
 from service.scheduler import (
     Event,
     LoadRequested,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.device_settle import SLACK_BYTES, Comeback
+from service.memory.release import SLACK_BYTES, Comeback
 from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
 
 GiB = 1024**3
@@ -58,7 +58,7 @@ def test_nothing_to_wait_for_without_a_sample_or_a_footprint() -> None:
 def test_memory_of_an_instance_between_exit_and_settle_is_managed_not_foreign() -> None:
     """The driver still lists a stopped runtime's memory for a moment: counted as
     foreign, it would make a load look as if it could never fit."""
-    from service.sampling import with_departing
+    from service.memory.sampling import with_departing
 
     lagging = ProbeReading("nvml", (DeviceSnapshot(1, 24 * GiB, 6 * GiB, 18 * GiB, 0),))
     fixed = with_departing(lagging, [{1: 6 * GiB}, {}])

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from service.diagnostics import (
+from service.memory.diagnosis import (
     CapWatch,
     CreepConfig,
     DeviceFree,

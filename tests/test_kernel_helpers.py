@@ -16,15 +16,15 @@ import pytest
 from support.fake_clock import FakeClock, settle
 from support.fake_launcher import FakeLauncher
 
-from service.doctor import Doctor
+from service.memory.doctor import Doctor
 from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
 from service.effects import KernelEffects
 from service.live.events import EventLog
-from service.instance_watch import Finding
+from service.memory.watch import Finding
 from service.live.leases import Waiters
 from service.policy import Policy, load_policy
 from service.live.runtimes import RuntimeTable, ServiceRuntime
-from service.sampling import LastReading, Sampler
+from service.memory.sampling import LastReading, Sampler
 from service.scheduler import (
     Event,
     InstanceBackoff,

@@ -16,7 +16,7 @@ daemon feeds, and carries out the actions that come back:
   does not fit it fails with out of memory, and the supervisor's own restart rules
   (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` with
   the backoff's deadline, or ``InstanceFailed``. The retry is the scheduler's
-  ``Start(retry=True)``, as in the daemon. As ``service.doctor`` does, the first
+  ``Start(retry=True)``, as in the daemon. As ``service.memory.doctor`` does, the first
   out-of-memory of a retry chain is preceded by ``MakeRoom`` (evict everything
   evictable before the retry); the next one closes that incident without another.
 - ``Stop(drain=True)``: nothing to do here (the scheduler stops granting).
@@ -29,7 +29,7 @@ daemon feeds, and carries out the actions that come back:
 - ``Grant``: the request is served for its ``duration_s``, then ``RequestFinished``.
   ``Reject``: refused with its code. ``Note(evict)``: counted.
 - Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
-  raises the learned peak (``LearnedChanged``), as ``service.sampling`` does.
+  raises the learned peak (``LearnedChanged``), as ``service.memory.sampling`` does.
 
 Simplified away: the settle barrier's probe polling (memory is gone exactly at
 ``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
@@ -347,7 +347,7 @@ class Vramd(System):
         self._feed(MemorySampled(tuple(readings), footprints, per_device))
 
     def _learn_peak(self, service: str, footprint: int) -> None:
-        """As ``service.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
+        """As ``service.memory.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
         proc = self.procs[service]
         proc.peak = max(proc.peak, footprint)
         rule = self.setup.rules[service]

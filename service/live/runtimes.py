@@ -25,7 +25,7 @@ import httpx
 from service.adapters import Adapter, adapter_named, guess_adapter
 from service.clock import Clock
 from service.domain import InstanceState
-from service.instance_watch import InstanceWatch
+from service.memory.watch import InstanceWatch
 from service.policy import Service, expand_placeholders
 from service.supervisor import (
     Instance,

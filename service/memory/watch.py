@@ -4,7 +4,7 @@ An ``InstanceWatch`` is created when an instance becomes ready and dropped when 
 flags describe one instance. The sampler feeds it every sample; it answers with
 ``Finding``s (over its cap, creeping, out-of-memory in its log) and the orchestrator
 decides what each one means. The judgements themselves are the pure functions of
-``service.diagnostics``; this module only keeps the series and the bookkeeping.
+``service.memory.diagnosis``; this module only keeps the series and the bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from service.adapters import Adapter, RuntimeMetrics, find_oom
-from service.diagnostics import CapWatch, CreepConfig, Sample, detect_creep
+from service.memory.diagnosis import CapWatch, CreepConfig, Sample, detect_creep
 from service.units import format_size
 
 # About 15 minutes at one sample a second: enough for creep's window of 120.
