@@ -53,7 +53,7 @@ from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock
 from service.supervisor import ProcessLauncher, SubprocessLauncher
 from service.tickets import Tickets
-from service.windows import Windows
+from service.maintenance.windows import Windows
 
 log = logging.getLogger("vramd")
 

@@ -61,7 +61,7 @@ from service.store import Store, StoreWriter
 from service.tasks import BackgroundTasks
 from service.tickets import Tickets
 from service.views import memory_view, service_view, status_view
-from service.windows import Windows
+from service.maintenance.windows import Windows
 
 TICK_S = 0.2
 # Beyond a service's stop and startup timeouts, how long an operator waits for an answer.

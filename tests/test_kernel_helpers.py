@@ -42,7 +42,7 @@ from service.settings import Settings
 from service.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
 from service.tickets import Tickets
-from service.windows import Windows
+from service.maintenance.windows import Windows
 
 MiB = 1024**2
 S = InstanceState

@@ -8,7 +8,7 @@ import pytest
 
 from service.policy import check_cron
 from service.policy.cron import cron_trigger, cron_weekdays, next_fire_time
-from service.window_jobs import Maintenance, OpenWindow, WindowSpec
+from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 
 
 @pytest.mark.parametrize(

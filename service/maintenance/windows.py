@@ -24,7 +24,7 @@ from service.policy import Policy
 from service.live.runtimes import RuntimeTable
 from service.scheduler import Event, RestartRequested, WindowChanged
 from service.store import Store, queries
-from service.window_jobs import Maintenance, OpenWindow, WindowSpec
+from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 
 
 class Windows:
