@@ -37,7 +37,7 @@ from service.memory.doctor import Doctor
 from service.effects import KernelEffects
 from service.errors import VramdError
 from service.live.events import EventLog
-from service.health import Health
+from service.health.healthz import Health
 from service.live.leases import Waiters
 from service.metrics import Metrics
 from service.orchestrator import TICK_S, Orchestrator

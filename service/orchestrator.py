@@ -33,7 +33,7 @@ from service.errors import (
     WindowClosed,
 )
 from service.live.events import EventLog
-from service.health import Health
+from service.health.healthz import Health
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.policy import Policy, diff_policies, load_policy
 from service.store.policy_records import persist_policy, window_conflicts

@@ -1,6 +1,6 @@
 """Maintenance windows as the daemon lives them: what opening one does, and the API.
 
-``window_jobs.Maintenance`` knows *when* windows open and close (APScheduler jobs); this
+``schedule.Maintenance`` knows *when* windows open and close (APScheduler jobs); this
 module decides what that means for the services, through scheduler events like every
 other change: restarting the window's targets (``RestartRequested``: drain first),
 allowing its window-only services (``WindowChanged``), recording each run in SQLite,

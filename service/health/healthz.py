@@ -17,7 +17,7 @@ from service.clock import Clock
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable
 from service.memory.sampling import LastReading
-from service.watchdog import Liveness, Stall, Watchdog
+from service.health.watchdog import Liveness, Stall, Watchdog
 
 
 class Health:
