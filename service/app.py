@@ -34,13 +34,13 @@ from service.api.errors import install_error_handlers
 from service.clock import Clock, SystemClock, time_of_day
 from service.devices import DeviceProbe, create_probe
 from service.memory.doctor import Doctor
-from service.effects import KernelEffects
+from service.kernel.effects import KernelEffects
 from service.errors import VramdError
 from service.live.events import EventLog
 from service.health.healthz import Health
 from service.live.leases import Waiters
 from service.metrics import Metrics
-from service.orchestrator import TICK_S, Orchestrator
+from service.kernel.orchestrator import TICK_S, Orchestrator
 from service.policy import Policy, load_policy
 from service.store.policy_records import persist_policy
 from service.proxy import ProxyConfig
@@ -48,11 +48,11 @@ from service.live.runtimes import RuntimeTable
 from service.memory.sampling import LastReading, Sampler
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
-from service.sleeping import SleepMode
+from service.kernel.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock
 from service.supervisor import ProcessLauncher, SubprocessLauncher
-from service.tickets import Tickets
+from service.kernel.tickets import Tickets
 from service.maintenance.windows import Windows
 
 log = logging.getLogger("vramd")

@@ -18,7 +18,7 @@ from support.fake_launcher import FakeLauncher
 
 from service.memory.doctor import Doctor
 from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
-from service.effects import KernelEffects
+from service.kernel.effects import KernelEffects
 from service.live.events import EventLog
 from service.memory.watch import Finding
 from service.live.leases import Waiters
@@ -39,9 +39,9 @@ from service.scheduler import (
     WindowChanged,
 )
 from service.settings import Settings
-from service.sleeping import SleepMode
+from service.kernel.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
-from service.tickets import Tickets
+from service.kernel.tickets import Tickets
 from service.maintenance.windows import Windows
 
 MiB = 1024**2

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.metrics import Metrics
-from service.orchestrator import Orchestrator
+from service.kernel.orchestrator import Orchestrator
 from service.store import Store, StoreWriter
 
 

@@ -32,7 +32,7 @@ import yaml
 from service.app import build_orchestrator
 from service.clock import SystemClock
 from service.devices import DeviceProbe, create_probe
-from service.orchestrator import Orchestrator
+from service.kernel.orchestrator import Orchestrator
 from service.policy import load_policy
 from service.settings import Settings
 from service.store import Store, StoreWriter, open_store, queries

@@ -44,12 +44,12 @@ from service.scheduler import (
     Stop,
     StopSleeper,
 )
-from service.sleeping import SleepMode
+from service.kernel.sleeping import SleepMode
 from service.store import StoreWriter, queries
 from service.supervisor import StartFailed, wait_settled
 from service.supervisor.backoff import LOOP_WINDOW_S
-from service.tasks import BackgroundTasks
-from service.tickets import Tickets
+from service.kernel.background import BackgroundTasks
+from service.kernel.tickets import Tickets
 
 S = InstanceState
 _PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})

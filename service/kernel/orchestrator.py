@@ -1,7 +1,7 @@
 """The orchestrator: the kernel's pump and the single owner of live state (DESIGN 2).
 
 It feeds events to the pure scheduler one at a time (``scheduler.Pump``) and the
-scheduler's actions go to the kernel's ``Effects`` (``service.effects``). Everything
+scheduler's actions go to the kernel's ``Effects`` (``service.kernel.effects``). Everything
 it needs is built in ``service.app`` and handed in; it builds no helper of its own.
 
 What it does itself is what only the owner may do: its lifecycle (reap what a previous
@@ -21,7 +21,7 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.memory.doctor import Doctor
 from service.domain import InstanceState
-from service.effects import Counters, KernelEffects
+from service.kernel.effects import Counters, KernelEffects
 from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
@@ -37,7 +37,7 @@ from service.health.healthz import Health
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.policy import Policy, diff_policies, load_policy
 from service.store.policy_records import persist_policy, window_conflicts
-from service.reaping import reap_previous_daemon
+from service.kernel.startup_reaping import reap_previous_daemon
 from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.memory.sampling import LastReading, Sampler
 from service.scheduler import (
@@ -58,9 +58,9 @@ from service.scheduler import (
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.store import Store, StoreWriter
-from service.tasks import BackgroundTasks
-from service.tickets import Tickets
-from service.views import memory_view, service_view, status_view
+from service.kernel.background import BackgroundTasks
+from service.kernel.tickets import Tickets
+from service.kernel.views import memory_view, service_view, status_view
 from service.maintenance.windows import Windows
 
 TICK_S = 0.2
