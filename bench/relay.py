@@ -9,7 +9,7 @@ on untouched and the runtime's answer streamed back as it comes (Starlette's
 key and queues nothing: the floor for a Python relay on this stack.
 
 ``router`` is vramd's own ``/v1`` router and proxy (``service.api.openai`` and
-``service.proxy.ProxyResponse``) with a lease provider that grants every request at once
+``service.proxy.forward.ProxyResponse``) with a lease provider that grants every request at once
 to the one runtime: vramd's request path without its orchestrator. Its figures, beside
 the daemon's and the relay's, split what vramd adds into the HTTP side and the kernel's.
 
@@ -99,7 +99,7 @@ class StaticLeases:
     async def acquire(
         self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
     ) -> Any:
-        from service.proxy import Lease
+        from service.proxy.forward import Lease
 
         assert self.client is not None
         return Lease(request_id, service, self.upstream, self.client)
@@ -116,7 +116,7 @@ def router_app(upstream: str) -> FastAPI:
     from service.api import openai
     from service.api.auth import AuthConfig, install_auth
     from service.api.errors import install_error_handlers
-    from service.proxy import ProxyConfig
+    from service.proxy.forward import ProxyConfig
 
     leases = StaticLeases(upstream)
 

@@ -43,7 +43,7 @@ from service.metrics import Metrics
 from service.kernel.orchestrator import TICK_S, Orchestrator
 from service.policy import Policy, load_policy
 from service.store.policy_records import persist_policy
-from service.proxy import ProxyConfig
+from service.proxy.forward import ProxyConfig
 from service.live.runtimes import RuntimeTable
 from service.memory.sampling import LastReading, Sampler
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy

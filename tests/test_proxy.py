@@ -21,7 +21,7 @@ import httpx
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 
-from service import proxy
+from service.proxy import forward
 from service.api import openai
 from service.api.auth import AuthConfig, install_auth, require_admin_key
 from service.api.errors import install_error_handlers
@@ -36,7 +36,7 @@ from service.errors import (
 )
 from service.live.leases import Routed
 from service.policy.routes import ROUTES_BY_KIND
-from service.proxy import Lease, ProxyConfig, UpstreamBroken, events_end
+from service.proxy.forward import Lease, ProxyConfig, UpstreamBroken, events_end
 
 CHAT = "/v1/chat/completions"
 TRANSCRIBE = "/v1/audio/transcriptions"
@@ -506,7 +506,7 @@ async def test_a_runtime_that_cannot_answer(
 
 @pytest.fixture
 def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proxy, "NOT_SENT_PAUSES_S", (0.0, 0.0))
+    monkeypatch.setattr(forward, "NOT_SENT_PAUSES_S", (0.0, 0.0))
 
 
 async def test_a_refused_connection_is_asked_again_and_served_by_the_next_instance(

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from service.api.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, dialect_for
+from service.proxy.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, dialect_for
 from service.domain import ServiceKind
 from service.errors import InsufficientCapacity, PolicyError, QueueFull
 from service.policy import diff_policies, load_policy

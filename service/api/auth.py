@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from service.api.dialects import Dialect, dialect_for
+from service.proxy.dialects import Dialect, dialect_for
 from service.api.errors import rejection_response
 from service.errors import Unauthorized
 from service.policy import ServerConfig

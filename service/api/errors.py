@@ -2,7 +2,7 @@
 
 OpenAI's ``{"error": {"message": ..., "type": ..., "code": ...}}`` on ``/v1`` and the
 admin API, Anthropic's on ``/v1/messages*``, Ollama's on the Ollama listener
-(``dialects.py``), with ``Retry-After`` when the client can usefully try again later.
+(``service.proxy.dialects``), with ``Retry-After`` when the client can usefully try again later.
 The handlers installed here pick the dialect by path, so no route invents its own.
 """
 
@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.dialects import OPENAI, Dialect, Problem, dialect_for
+from service.proxy.dialects import OPENAI, Dialect, Problem, dialect_for
 from service.errors import RequestRejected
 
 log = logging.getLogger("vramd.api")

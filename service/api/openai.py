@@ -3,7 +3,7 @@
 A route reads just enough of a request to route it: the body (size-limited), and the
 ``model`` named in it, from the JSON object or from the multipart form field. It asks the
 orchestrator which service serves that model on this route and hands the rest to
-``service.proxy.ProxyResponse``, which queues, forwards and relays.
+``service.proxy.forward.ProxyResponse``, which queues, forwards and relays.
 
 The client's bytes are forwarded as they came. A body is re-encoded only when the service
 sets ``upstream_model`` or ``set_params`` for the model: JSON is then dumped again with
@@ -29,12 +29,12 @@ from starlette.responses import Response
 
 from service.api.auth import require_api_key
 from service.api.deps import get_orchestrator
-from service.api.dialects import dialect_for
+from service.proxy.dialects import dialect_for
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
 from service.live.leases import LeaseProvider
 from service.policy.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
-from service.proxy import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
+from service.proxy.forward import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
 from service.units import format_size
 
 STARTED = int(time.time())  # the "created" of every model: when this daemon started

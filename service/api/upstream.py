@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from service.api.auth import require_api_key
 from service.api.openai import get_leases, get_proxy_config, read_body
-from service.proxy import ClientRequest, ProxyResponse
+from service.proxy.forward import ClientRequest, ProxyResponse
 
 PREFIX = "/upstream"
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -64,9 +64,9 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api.dialects import OPENAI, Dialect
+from service.proxy.dialects import OPENAI, Dialect
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
-from service.exchange_watch import Acker, DisconnectWatch, Silence
+from service.proxy.watchers import Acker, DisconnectWatch, Silence
 from service.live.leases import Lease, LeaseProvider, Outcome
 from service.policy import ServerConfig
 

@@ -1,6 +1,6 @@
 """The three watchers around one proxied exchange: client hang-up, runtime silence, ACKs.
 
-``ProxyResponse`` (``service.proxy``) serves each request inside these:
+``ProxyResponse`` (``service.proxy.forward``) serves each request inside these:
 
 - ``DisconnectWatch`` cancels the exchange when the client hangs up, wherever it is (in
   the queue, waiting for the first byte, relaying a stream);
