@@ -39,7 +39,7 @@ from service.errors import VramdError
 from service.live.events import EventLog
 from service.health.healthz import Health
 from service.live.leases import Waiters
-from service.metrics import Metrics
+from service.api.metrics import Metrics
 from service.kernel.orchestrator import TICK_S, Orchestrator
 from service.policy import Policy, load_policy
 from service.store.policy_records import persist_policy

@@ -26,7 +26,7 @@ from support.ports import free_port
 
 from service.cli.client import CtrlC
 from service.cli.windows import parse_at
-from service.client import AdminClient, ApiError, DaemonUnreachable
+from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable
 
 pytestmark = pytest.mark.slow
 

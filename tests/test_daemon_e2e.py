@@ -27,7 +27,7 @@ from support.daemon import (
     stop_daemon,
 )
 
-from service.cli.views import service_notes
+from service.cli.render import service_notes
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""``GET /metrics``: the Prometheus exposition of ``service.metrics``.
+"""``GET /metrics``: the Prometheus exposition of ``service.api.metrics``.
 
 Unit tests build ``Metrics`` on a fake status view (the collector reads it at each
 scrape) and drive the live instruments directly. End-to-end tests scrape a real
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support.daemon import Daemon, demo_command, policy_yaml, running_daemon
 
-from service.metrics import FLAGS, STATES, Metrics
+from service.api.metrics import FLAGS, STATES, Metrics
 
 MiB = 2**20
 

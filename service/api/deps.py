@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.metrics import Metrics
+from service.api.metrics import Metrics
 from service.kernel.orchestrator import Orchestrator
 from service.store import Store, StoreWriter
 

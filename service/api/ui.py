@@ -5,7 +5,7 @@ straight from the ``service.ui`` package (no build step, nothing from a CDN). Th
 no data: the page's script reads ``/api`` and sends the admin key when the policy sets
 ``server.admin_keys`` (the page asks for it once and keeps it in ``sessionStorage``).
 
-``GET /metrics`` is the Prometheus exposition (``service.metrics``). It is not behind the
+``GET /metrics`` is the Prometheus exposition (``service.api.metrics``). It is not behind the
 admin key, because Prometheus scrapers usually cannot send one; it shows names, states
 and memory figures, and changes nothing.
 

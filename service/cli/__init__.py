@@ -4,10 +4,11 @@
     daemon.py    commands on this machine, no daemon needed: check, schema, serve, db, import
     client.py    commands that talk to a running daemon over HTTP: ps, load ... incidents
     windows.py   the ``windows`` group, a client command group of its own
-    views.py     how the daemon's JSON reads on a terminal: its tables and lines
+    render.py    how the daemon's JSON reads on a terminal: its tables and lines
+    admin_api.py AdminClient: the admin API's requests, typed, for the client commands
 
-Imports go one way: ``console`` and ``views`` import no other part, ``daemon`` and
-``client`` import them, ``windows`` imports ``client``, and this module imports the
+Imports go one way: ``console``, ``render`` and ``admin_api`` import no other part,
+``daemon`` and ``client`` import them, ``windows`` imports ``client``, and this module imports the
 command modules and registers their commands in the order ``vramd --help`` lists them
 (typer lists single commands first, then groups).
 """

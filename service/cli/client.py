@@ -5,7 +5,7 @@ the ``windows`` group lives in ``windows.py`` and uses ``connect`` from here. Ea
 takes ``--url`` (default ``$VRAMD_URL`` or http://127.0.0.1:8400) and sends
 ``$VRAMD_ADMIN_KEY`` as a bearer key when it is set. Exit codes as in ``console``: 0 done,
 1 the request failed or the input is invalid, 3 the daemon is unreachable. The requests are
-``service.client.AdminClient``'s; how the answers read is ``views``'.
+``service.cli.admin_api.AdminClient``'s; how the answers read is ``render``'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Self
 import typer
 
 from service.cli.console import EXIT_UNREACHABLE, err, fail, out, print_json, read_text
-from service.cli.views import (
+from service.cli.render import (
     admission_lines,
     describe_service,
     device_line,
@@ -34,7 +34,7 @@ from service.cli.views import (
     service_notes,
     services_table,
 )
-from service.client import AdminClient, ApiError, DaemonUnreachable, RequestFailed
+from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable, RequestFailed
 from service.settings import ClientSettings
 
 EVENT_PAGE = 1000

@@ -15,7 +15,7 @@ import typer
 
 from service.cli.client import JsonOption, UrlOption, connect
 from service.cli.console import fail, out, print_json
-from service.cli.views import local_time, windows_table
+from service.cli.render import local_time, windows_table
 from service.units import format_duration, parse_duration
 
 windows_app = typer.Typer(

@@ -60,7 +60,7 @@ class Feed(Protocol):
 
 
 class Counters(Protocol):
-    """The request and load counters the kernel keeps (``service.metrics.Metrics``)."""
+    """The request and load counters the kernel keeps (``service.api.metrics.Metrics``)."""
 
     def request_done(self, service: str, code: str, queue_s: float | None = None) -> None: ...
 
