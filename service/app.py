@@ -31,29 +31,29 @@ from service import __version__
 from service.api import admin, openai, ui, upstream
 from service.api.auth import AuthConfig, install_auth
 from service.api.errors import install_error_handlers
+from service.api.metrics import Metrics
 from service.clock import Clock, SystemClock, time_of_day
 from service.devices import DeviceProbe, create_probe
-from service.memory.doctor import Doctor
-from service.kernel.effects import KernelEffects
 from service.errors import VramdError
-from service.live.events import EventLog
 from service.health.healthz import Health
-from service.live.leases import Waiters
-from service.api.metrics import Metrics
+from service.kernel.effects import KernelEffects
 from service.kernel.orchestrator import TICK_S, Orchestrator
-from service.policy import Policy, load_policy
-from service.store.policy_records import persist_policy
-from service.proxy.forward import ProxyConfig
+from service.kernel.sleeping import SleepMode
+from service.kernel.tickets import Tickets
+from service.live.events import EventLog
+from service.live.leases import Waiters
 from service.live.runtimes import RuntimeTable
+from service.maintenance.windows import Windows
+from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
+from service.policy import Policy, load_policy
+from service.proxy.forward import ProxyConfig
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
-from service.kernel.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock
+from service.store.policy_records import persist_policy
 from service.supervisor import ProcessLauncher, SubprocessLauncher
-from service.kernel.tickets import Tickets
-from service.maintenance.windows import Windows
 
 log = logging.getLogger("vramd")
 

@@ -24,9 +24,9 @@ import pytest
 from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
 
+from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable
 from service.cli.client import CtrlC
 from service.cli.windows import parse_at
-from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable
 
 pytestmark = pytest.mark.slow
 

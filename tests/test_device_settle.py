@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.memory.release import SLACK_BYTES, Comeback
 from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
+from service.memory.release import SLACK_BYTES, Comeback
 
 GiB = 1024**3
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from service.domain import Flag
 from service.memory.diagnosis import (
     CapWatch,
     CreepConfig,
@@ -25,7 +26,6 @@ from service.memory.diagnosis import (
     recent_growth,
     theil_sen_slope,
 )
-from service.domain import Flag
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 

@@ -25,7 +25,8 @@ import pytest
 from support.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 
 from service.devices import create_probe
-from service.gpucheck import CannotRun, GpuCheck, Report, SubprocessLauncher, find_allocator
+from service.gpucheck.checks import CannotRun, GpuCheck, Report
+from service.gpucheck.children import ChildLauncher, find_allocator
 
 pytestmark = pytest.mark.slow
 
@@ -230,6 +231,6 @@ def test_without_torch_or_cupy_it_says_what_to_install() -> None:
 def test_a_child_that_cannot_allocate_is_reported_not_hung() -> None:
     if importlib.util.find_spec("cupy"):
         pytest.skip("cupy is installed here")
-    launcher = SubprocessLauncher("cupy", gpu=0, ready_timeout=60)
+    launcher = ChildLauncher("cupy", gpu=0, ready_timeout=60)
     with pytest.raises(CannotRun, match="cupy child failed: ModuleNotFoundError"):
         launcher.start(0)

@@ -16,15 +16,18 @@ import pytest
 from support.fake_clock import FakeClock, settle
 from support.fake_launcher import FakeLauncher
 
-from service.memory.doctor import Doctor
 from service.domain import DeviceSnapshot, InstanceMemory, InstanceState, ProbeReading
 from service.kernel.effects import KernelEffects
+from service.kernel.sleeping import SleepMode
+from service.kernel.tickets import Tickets
 from service.live.events import EventLog
-from service.memory.watch import Finding
 from service.live.leases import Waiters
-from service.policy import Policy, load_policy
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.maintenance.windows import Windows
+from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
+from service.memory.watch import Finding
+from service.policy import Policy, load_policy
 from service.scheduler import (
     Event,
     InstanceBackoff,
@@ -39,10 +42,7 @@ from service.scheduler import (
     WindowChanged,
 )
 from service.settings import Settings
-from service.kernel.sleeping import SleepMode
 from service.store import Store, StoreWriter, open_store, queries
-from service.kernel.tickets import Tickets
-from service.maintenance.windows import Windows
 
 MiB = 1024**2
 S = InstanceState

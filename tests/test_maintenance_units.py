@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 from service.policy import check_cron
 from service.policy.cron import cron_trigger, cron_weekdays, next_fire_time
-from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ import httpx
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 
-from service.proxy import forward
 from service.api import openai
 from service.api.auth import AuthConfig, install_auth, require_admin_key
 from service.api.errors import install_error_handlers
@@ -36,6 +35,7 @@ from service.errors import (
 )
 from service.live.leases import Routed
 from service.policy.routes import ROUTES_BY_KIND
+from service.proxy import forward
 from service.proxy.forward import Lease, ProxyConfig, UpstreamBroken, events_end
 
 CHAT = "/v1/chat/completions"

@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 
-from service.proxy.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, dialect_for
 from service.domain import ServiceKind
 from service.errors import InsufficientCapacity, PolicyError, QueueFull
 from service.policy import diff_policies, load_policy
 from service.policy.routes import CLIENT_ROUTES, ROUTES_BY_KIND, check_route_map, route_table
+from service.proxy.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, dialect_for
 
 
 def policy_with(service: str) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.policy import Service, load_policy
 from service.live.runtimes import launch_args
+from service.policy import Service, load_policy
 
 GiB = 1024**3
 

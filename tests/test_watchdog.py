@@ -12,8 +12,8 @@ import pytest
 from support.orchestrator import OrchestratorHarness, demo_service, policy_text
 
 from service.domain import ProbeReading
-from service.supervisor import LogRing, RuntimeProcess, SubprocessLauncher
 from service.health.watchdog import Liveness, Stall, Watchdog
+from service.supervisor import LogRing, RuntimeProcess, SubprocessLauncher
 
 
 async def test_a_blocked_loop_is_noticed_from_outside_and_reported_after() -> None:

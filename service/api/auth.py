@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from service.proxy.dialects import Dialect, dialect_for
 from service.api.errors import rejection_response
 from service.errors import Unauthorized
 from service.policy import ServerConfig
+from service.proxy.dialects import Dialect, dialect_for
 
 
 def _digests(keys: Iterable[str]) -> tuple[bytes, ...]:

@@ -17,8 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.proxy.dialects import OPENAI, Dialect, Problem, dialect_for
 from service.errors import RequestRejected
+from service.proxy.dialects import OPENAI, Dialect, Problem, dialect_for
 
 log = logging.getLogger("vramd.api")
 

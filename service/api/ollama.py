@@ -34,7 +34,6 @@ from starlette.responses import Response
 from service import __version__
 from service.api.auth import install_auth, require_api_key
 from service.api.deps import get_orchestrator
-from service.proxy.dialects import OLLAMA, Dialect
 from service.api.errors import error_response, install_error_handlers
 from service.api.openai import get_leases, get_proxy_config, read_body, request_shape
 from service.errors import InvalidRequest, ModelNotFound
@@ -55,6 +54,7 @@ from service.ollama import (
     version,
 )
 from service.ollama.relay import Endpoint, OllamaAnswer
+from service.proxy.dialects import OLLAMA, Dialect
 from service.proxy.forward import ClientRequest, ProxyResponse, new_request_id
 
 log = logging.getLogger("vramd.ollama")

@@ -29,11 +29,11 @@ from starlette.responses import Response
 
 from service.api.auth import require_api_key
 from service.api.deps import get_orchestrator
-from service.proxy.dialects import dialect_for
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
 from service.live.leases import LeaseProvider
 from service.policy.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
+from service.proxy.dialects import dialect_for
 from service.proxy.forward import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
 from service.units import format_size
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Self
 
 import typer
 
+from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable, RequestFailed
 from service.cli.console import EXIT_UNREACHABLE, err, fail, out, print_json, read_text
 from service.cli.render import (
     admission_lines,
@@ -34,7 +35,6 @@ from service.cli.render import (
     service_notes,
     services_table,
 )
-from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable, RequestFailed
 from service.settings import ClientSettings
 
 EVENT_PAGE = 1000

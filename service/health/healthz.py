@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.clock import Clock
+from service.health.watchdog import Liveness, Stall, Watchdog
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable
 from service.memory.sampling import LastReading
-from service.health.watchdog import Liveness, Stall, Watchdog
 
 
 class Health:

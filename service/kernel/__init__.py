@@ -1,10 +1,10 @@
 """The kernel: the one owner of live state, and how the scheduler's actions become real.
 
-    orchestrator.py     Orchestrator: the pump (events in, actions out) and policy apply
-    effects.py          KernelEffects: spawn, stop, wait for memory, answer waiters
-    sleeping.py         SleepMode: evicting a runtime by putting it to sleep (vLLM)
-    startup_reaping.py  stopping what a previous daemon left running, found by its rows
-    tickets.py          Tickets: operators awaiting the answer to load, unload, restart
-    views.py            the JSON views of live state (GET /api/services, ps, the dashboard)
-    background.py       BackgroundTasks: work an owner must finish or cancel when it closes
+orchestrator.py     Orchestrator: the pump (events in, actions out) and policy apply
+effects.py          KernelEffects: spawn, stop, wait for memory, answer waiters
+sleeping.py         SleepMode: evicting a runtime by putting it to sleep (vLLM)
+startup_reaping.py  stopping what a previous daemon left running, found by its rows
+tickets.py          Tickets: operators awaiting the answer to load, unload, restart
+views.py            the JSON views of live state (GET /api/services, ps, the dashboard)
+background.py       BackgroundTasks: work an owner must finish or cancel when it closes
 """

@@ -19,14 +19,17 @@ import contextlib
 from typing import Any, Protocol
 
 from service.clock import Clock
-from service.memory.release import Comeback
 from service.devices import DeviceProbe
-from service.memory.doctor import Doctor
 from service.domain import INSTANCE_FLAGS, Flag, InstanceState
 from service.errors import RuntimeFailed
+from service.kernel.background import BackgroundTasks
+from service.kernel.sleeping import SleepMode
+from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import REJECTIONS, Lease, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
+from service.memory.doctor import Doctor
+from service.memory.release import Comeback
 from service.memory.sampling import Sampler
 from service.scheduler import (
     Event,
@@ -44,12 +47,9 @@ from service.scheduler import (
     Stop,
     StopSleeper,
 )
-from service.kernel.sleeping import SleepMode
 from service.store import StoreWriter, queries
 from service.supervisor import StartFailed, wait_settled
 from service.supervisor.backoff import LOOP_WINDOW_S
-from service.kernel.background import BackgroundTasks
-from service.kernel.tickets import Tickets
 
 S = InstanceState
 _PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})

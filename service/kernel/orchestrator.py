@@ -19,9 +19,7 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
-from service.memory.doctor import Doctor
 from service.domain import InstanceState
-from service.kernel.effects import Counters, KernelEffects
 from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
@@ -32,14 +30,19 @@ from service.errors import (
     ServiceNotFound,
     WindowClosed,
 )
-from service.live.events import EventLog
 from service.health.healthz import Health
-from service.live.leases import Lease, Outcome, Routed, Waiters
-from service.policy import Policy, diff_policies, load_policy
-from service.store.policy_records import persist_policy, window_conflicts
+from service.kernel.background import BackgroundTasks
+from service.kernel.effects import Counters, KernelEffects
 from service.kernel.startup_reaping import reap_previous_daemon
+from service.kernel.tickets import Tickets
+from service.kernel.views import memory_view, service_view, status_view
+from service.live.events import EventLog
+from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.maintenance.windows import Windows
+from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
+from service.policy import Policy, diff_policies, load_policy
 from service.scheduler import (
     Event,
     LoadRequested,
@@ -58,10 +61,7 @@ from service.scheduler import (
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.store import Store, StoreWriter
-from service.kernel.background import BackgroundTasks
-from service.kernel.tickets import Tickets
-from service.kernel.views import memory_view, service_view, status_view
-from service.maintenance.windows import Windows
+from service.store.policy_records import persist_policy, window_conflicts
 
 TICK_S = 0.2
 # Beyond a service's stop and startup timeouts, how long an operator waits for an answer.

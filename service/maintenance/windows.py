@@ -20,11 +20,11 @@ from service.clock import Clock
 from service.domain import INSTANCE_FLAGS
 from service.errors import InvalidRequest, ServiceNotFound
 from service.live.events import EventLog
-from service.policy import Policy
 from service.live.runtimes import RuntimeTable
+from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
+from service.policy import Policy
 from service.scheduler import Event, RestartRequested, WindowChanged
 from service.store import Store, queries
-from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 
 
 class Windows:

@@ -17,11 +17,11 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
-from service.memory.diagnosis import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
 from service.live.events import EventLog
-from service.memory.watch import Finding, InstanceWatch
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.memory.diagnosis import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
 from service.memory.sampling import LastReading
+from service.memory.watch import Finding, InstanceWatch
 from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
 from service.settings import Settings
 from service.store import Store, queries

@@ -30,8 +30,8 @@ from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
-from service.memory.watch import Finding
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.memory.watch import Finding
 from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
 from service.store import Store, StoreWriter, queries
 

@@ -64,11 +64,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.proxy.dialects import OPENAI, Dialect
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
-from service.proxy.watchers import Acker, DisconnectWatch, Silence
 from service.live.leases import Lease, LeaseProvider, Outcome
 from service.policy import ServerConfig
+from service.proxy.dialects import OPENAI, Dialect
+from service.proxy.watchers import Acker, DisconnectWatch, Silence
 
 log = logging.getLogger("vramd.proxy")
 
