@@ -258,7 +258,7 @@ class KernelEffects:
             self._runtimes.drop(rt)
 
     def _comeback(self, rt: ServiceRuntime) -> Comeback:
-        """What the instance's devices must show again after it stops (``device_settle``);
+        """What the instance's devices must show again after it stops (``memory.release``);
         nothing on the host backend."""
         last = self._sampler.last_reading if self._probe.backend != "host" else None
         return Comeback.expect(rt.name, last)
