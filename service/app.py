@@ -116,6 +116,7 @@ def build_orchestrator(
         feed=pump.feed,
         view=scheduler,
         runtimes=runtimes,
+        watches=doctor.watches,
         on_finding=doctor.on_finding,
         last=last,
         probe=probe,

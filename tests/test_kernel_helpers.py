@@ -26,7 +26,7 @@ from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
-from service.memory.watch import Finding
+from service.memory.watch import Finding, Watches
 from service.policy import Policy, load_policy
 from service.scheduler import (
     Event,
@@ -198,11 +198,17 @@ async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
     store.close()
 
 
-def sampler(kit: Kit, view: SchedulerFigures, found: list[tuple[str, Finding]]) -> Sampler:
+def sampler(
+    kit: Kit,
+    view: SchedulerFigures,
+    found: list[tuple[str, Finding]],
+    watches: Watches | None = None,
+) -> Sampler:
     return Sampler(
         feed=kit.fed.append,
         view=view,
         runtimes=kit.runtimes,
+        watches=watches or Watches(),
         on_finding=lambda rt, finding: found.append((rt.name, finding)),
         last=kit.last,
         probe=kit.probe,
@@ -257,11 +263,12 @@ async def test_the_sampler_samples_every_interval_on_its_clock(kit: Kit) -> None
 
 async def test_a_cap_streak_is_handed_to_on_finding(kit: Kit, tmp_path: Path) -> None:
     rt = await kit.ready("chat")
-    rt.watch = kit.doctor(tmp_path).new_watch(rt)
+    doctor = kit.doctor(tmp_path)
+    watch = doctor.start_watch(rt)
     found: list[tuple[str, Finding]] = []
     kit.probe.device_bytes["chat"] = 250 * MiB  # cap 200 MiB
-    sample = sampler(kit, SchedulerFigures({"chat": 300 * MiB}), found)
-    for _ in range(rt.watch.cap.needed):
+    sample = sampler(kit, SchedulerFigures({"chat": 300 * MiB}), found, doctor.watches)
+    for _ in range(watch.cap.needed):
         await sample.sample_once()
     assert [(name, f.kind) for name, f in found] == [("chat", "over-cap")]
 
@@ -350,7 +357,7 @@ async def test_sleep_and_wake_go_through_the_runtimes_own_endpoints(kit: Kit) ->
     rt.client = httpx.AsyncClient(base_url="http://vllm", transport=httpx.MockTransport(vllm))
     sleep = SleepMode(events=kit.events, probe=kit.probe, clock=kit.clock, settle_timeout_s=5)
     assert await sleep.try_sleep(rt, "evicted for chat")
-    assert rt.instance.state is S.SLEEPING and rt.watch is None
+    assert rt.instance.state is S.SLEEPING
     assert await sleep.wake(rt, "a request for vllm")
     assert rt.instance.state is S.READY
     assert calls == ["/sleep", "/wake_up"]

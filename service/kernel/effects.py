@@ -331,6 +331,8 @@ class KernelEffects:
             rt.counters["restarts"] += 1
         if new is S.READY:
             self._ready(rt, old)
+        elif new is S.SLEEPING:
+            self._doctor.end_watch(rt)  # waking starts a new series
         elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
             self._gone(rt, old, new, reason)
 
@@ -343,7 +345,7 @@ class KernelEffects:
         if Flag.CRASH_LOOPING in rt.flags and inst.ready_at is not None:
             self.tasks.spawn(self._clear_loop_flag(rt, inst.ready_at), f"loop flag {rt.name}")
         rt.open_client(inst.port)
-        rt.watch = self._doctor.new_watch(rt)
+        self._doctor.start_watch(rt)
         if rt.oom_incident is not None:
             self._doctor.verdict(rt, retry_succeeded=True)
         rt.last_load_s = inst.load_s
@@ -354,7 +356,7 @@ class KernelEffects:
 
     def _gone(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
         inst = rt.instance
-        rt.watch = None
+        self._doctor.end_watch(rt)
         self._sampler.record_exit(rt, reason)
         error = inst.last_error or reason
         if old is S.STARTING and new is not S.STOPPED:

@@ -429,11 +429,11 @@ class Orchestrator:
     def service_view(self, name: str) -> dict[str, Any]:
         rt = self.runtime(name)
         view = service_view(rt, self.scheduler.service_view(name, self._clock.monotonic()))
-        view["memory"] = memory_view(rt)
+        view["memory"] = memory_view(rt, self.doctor.watches.get(name))
         return view
 
     def memory_view(self, name: str) -> dict[str, Any]:
-        return memory_view(self.runtime(name))
+        return memory_view(self.runtime(name), self.doctor.watches.get(name))
 
     def services_view(self) -> list[dict[str, Any]]:
         return [self.service_view(name) for name in self.runtimes]

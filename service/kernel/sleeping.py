@@ -78,7 +78,6 @@ class SleepMode:
         if rt.instance.state not in (S.READY, S.DRAINING):
             return False  # it died meanwhile: the supervisor has it
         rt.instance.mark_sleeping(f"asleep instead of stopped: {reason}")
-        rt.watch = None  # its memory series ends here; waking starts a new one
         released = await self._released(rt, weights)
         self._events.record(
             "sleep",

@@ -14,6 +14,7 @@ from service.scheduler import LedgerView, ServiceView
 
 if TYPE_CHECKING:
     from service.live.runtimes import ServiceRuntime
+    from service.memory.watch import InstanceWatch
     from service.supervisor import Instance
 
 
@@ -124,9 +125,8 @@ def status_view(
     }
 
 
-def memory_view(rt: ServiceRuntime) -> dict[str, Any]:
+def memory_view(rt: ServiceRuntime, watch: InstanceWatch | None) -> dict[str, Any]:
     """Estimate, learned peak and cap side by side, and the footprint's parts."""
-    watch = rt.watch
     metrics = watch.metrics if watch else None
     return {
         "estimate_bytes": rt.spec.memory.estimate,

@@ -25,7 +25,6 @@ import httpx
 from service.adapters import Adapter, adapter_named, guess_adapter
 from service.clock import Clock
 from service.domain import InstanceState
-from service.memory.watch import InstanceWatch
 from service.policy import Service, expand_placeholders
 from service.supervisor import (
     Instance,
@@ -185,7 +184,6 @@ class ServiceRuntime:
     last_load_s: float | None = None
     learned_peak: int | None = None
     learned_load_s: float | None = None
-    watch: InstanceWatch | None = None
     # An out-of-memory load awaiting its retry's verdict (the incident's id).
     oom_incident: int | None = None
     # The last requests' shapes (body size, max_tokens...), for incident records.

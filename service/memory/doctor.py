@@ -21,7 +21,7 @@ from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.memory.diagnosis import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
 from service.memory.sampling import LastReading
-from service.memory.watch import Finding, InstanceWatch
+from service.memory.watch import Finding, InstanceWatch, Watches
 from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
 from service.settings import Settings
 from service.store import Store, queries
@@ -54,14 +54,16 @@ class Doctor:
         self._feed = feed
         # A GPU backend: host memory is its own series beside the device's.
         self._gpu = gpu
+        self.watches = Watches()
 
-    def new_watch(self, rt: ServiceRuntime) -> InstanceWatch:
+    def start_watch(self, rt: ServiceRuntime) -> InstanceWatch:
+        """A fresh watch for the instance that just became ready."""
         creep = CreepConfig(
             min_requests=self._settings.creep_min_requests,
             min_age_s=self._settings.creep_min_age_s,
             min_samples=self._settings.creep_min_samples,
         )
-        return InstanceWatch(
+        watch = InstanceWatch(
             ready_at=self._clock.now(),
             requests_at_ready=rt.counters["requests_served"],
             cap=CapWatch(rt.spec.memory.cap),
@@ -70,6 +72,12 @@ class Doctor:
             host_series_too=self._gpu,
             log_mark=rt.log.mark(),
         )
+        self.watches.start(rt.name, watch)
+        return watch
+
+    def end_watch(self, rt: ServiceRuntime) -> None:
+        """The instance went or fell asleep: its memory series ends here."""
+        self.watches.end(rt.name)
 
     # ------------------------------------------------------------------ findings
 
@@ -123,7 +131,8 @@ class Doctor:
     def runtime_oom(self, rt: ServiceRuntime, text: str, *, source: str) -> None:
         """The runtime said out-of-memory while serving: fragmentation or capacity?"""
         device = self._device_free(rt)
-        samples = list(rt.watch.device) if rt.watch else []
+        watch = self.watches.get(rt.name)
+        samples = list(watch.device) if watch else []
         # What the failing request itself needed is unknown: runtimes do not report it,
         # and a body's size says little about its KV cache or image buffers.
         diagnosis = diagnose_oom(

@@ -31,7 +31,7 @@ from service.devices import DeviceProbe
 from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
 from service.live.runtimes import RuntimeTable, ServiceRuntime
-from service.memory.watch import Finding
+from service.memory.watch import Finding, Watches
 from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
 from service.store import Store, StoreWriter, queries
 
@@ -100,6 +100,7 @@ class Sampler:
         feed: Callable[[Event], None],
         view: SchedulerView,
         runtimes: RuntimeTable,
+        watches: Watches,
         on_finding: Callable[[ServiceRuntime, Finding], None],
         last: LastReading,
         probe: DeviceProbe,
@@ -111,6 +112,7 @@ class Sampler:
         self._feed = feed
         self._view = view
         self._runtimes = runtimes
+        self._watches = watches
         self._on_finding = on_finding
         self._last = last
         self._probe = probe
@@ -184,7 +186,7 @@ class Sampler:
             self.flush_counters()
 
     def _watch(self, rt: ServiceRuntime, device_bytes: int, host_bytes: int) -> None:
-        watch = rt.watch
+        watch = self._watches.get(rt.name)
         if watch is None:
             return
         findings = watch.observe(
@@ -204,12 +206,12 @@ class Sampler:
         targets = [
             rt
             for rt in self._runtimes.values()
-            if rt.spec.metrics and rt.client is not None and rt.watch is not None
+            if rt.spec.metrics and rt.client is not None and self._watches.get(rt.name)
         ]
         await asyncio.gather(*(self._scrape(rt) for rt in targets))
 
     async def _scrape(self, rt: ServiceRuntime) -> None:
-        client, watch, path = rt.client, rt.watch, rt.spec.metrics
+        client, watch, path = rt.client, self._watches.get(rt.name), rt.spec.metrics
         if client is None or watch is None or path is None:
             return
         try:

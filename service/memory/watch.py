@@ -90,3 +90,24 @@ class InstanceWatch:
         if self.weights_bytes is None or not self.device:
             return None
         return max(0, self.device[-1].bytes - self.weights_bytes)
+
+
+class Watches:
+    """The watch of each live instance, by service name: one per ready instance.
+
+    The doctor starts one when an instance becomes ready and ends it when the instance
+    goes or falls asleep (flags and series describe one instance); the sampler feeds
+    them, and the views and the doctor read them.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, InstanceWatch] = {}
+
+    def get(self, name: str) -> InstanceWatch | None:
+        return self._by_name.get(name)
+
+    def start(self, name: str, watch: InstanceWatch) -> None:
+        self._by_name[name] = watch
+
+    def end(self, name: str) -> None:
+        self._by_name.pop(name, None)
