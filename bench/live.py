@@ -10,7 +10,7 @@ preloaded services should be ready before the run begins.
    runtime of its service really takes (``--latency-ms``, plus ``--chunks`` times
    ``--chunk-delay-ms`` when streamed): a demo runtime cannot be told how long to take.
 2. The requests are sent at their times to ``POST /v1/...`` (the route of the model's
-   kind, DESIGN section 3), each on its own task; the status and error code of every
+   kind, docs/policy.md), each on its own task; the status and error code of every
    response are kept.
 3. The daemon's decision log since the start (``GET /api/events?since=ID``: ``load``,
    ``evict`` and ``reject`` events) is read back.

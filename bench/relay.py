@@ -99,7 +99,7 @@ class StaticLeases:
     async def acquire(
         self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
     ) -> Any:
-        from service.proxy.forward import Lease
+        from service.live.leases import Lease
 
         assert self.client is not None
         return Lease(request_id, service, self.upstream, self.client)
@@ -116,7 +116,7 @@ def router_app(upstream: str) -> FastAPI:
     from service.api import openai
     from service.api.auth import AuthConfig, install_auth
     from service.api.errors import install_error_handlers
-    from service.proxy.forward import ProxyConfig
+    from service.proxy.request import ProxyConfig
 
     leases = StaticLeases(upstream)
 

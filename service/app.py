@@ -7,7 +7,7 @@ creates the device probe and the kernel, and on shutdown stops every runtime, th
 commits what the writer still holds, before closing the database. Tests pass fakes for
 the injectable parts.
 
-``build_orchestrator`` assembles the kernel (DESIGN section 2): the scheduler and its
+``build_orchestrator`` assembles the kernel (docs/architecture.md): the scheduler and its
 pump, the runtime table, and the helpers on their narrow ports -- the sampler, the
 doctor, the windows and sleep mode get ``feed``, a read-only scheduler view and the
 runtime table, never the orchestrator -- then the effects that carry actions out, and
@@ -47,7 +47,7 @@ from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
 from service.policy import Policy, load_policy
-from service.proxy.forward import ProxyConfig
+from service.proxy.request import ProxyConfig
 from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
 from service.store import Store, StoreWriter, open_store, queries
@@ -83,8 +83,7 @@ def build_orchestrator(
     launcher: ProcessLauncher | None = None,
     metrics: Metrics | None = None,
 ) -> Orchestrator:
-    """The kernel, wired: every part gets only the ports it needs. ``metrics`` (the
-    exposition ``/metrics`` serves) is made here unless given."""
+    """The kernel, wired: each part gets only its ports (``metrics``: made unless given)."""
     events = EventLog(writer, clock)
     health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
     runtimes = RuntimeTable(
@@ -102,45 +101,18 @@ def build_orchestrator(
     )
     pump = Pump(scheduler, clock.monotonic)
     last = LastReading()
-    doctor = Doctor(
-        store=store,
-        events=events,
-        clock=clock,
-        settings=settings,
-        last=last,
-        runtimes=runtimes,
-        feed=pump.feed,
-        gpu=probe.backend != "host",
-    )
-    sampler = Sampler(
-        feed=pump.feed,
-        view=scheduler,
-        runtimes=runtimes,
-        watches=doctor.watches,
-        on_finding=doctor.on_finding,
-        last=last,
-        probe=probe,
-        store=store,
-        writer=writer,
-        clock=clock,
-        interval_s=policy.device.sample_interval,
+    doctor, sampler = _memory_truth(
+        pump, scheduler, runtimes, events, last, policy, store, writer, probe, clock, settings
     )
     windows = Windows(
         policy=policy, feed=pump.feed, runtimes=runtimes, store=store, events=events, clock=clock
     )
     health = Health(
-        clock=clock,
-        last=last,
-        runtimes=runtimes,
-        backend=probe.backend,
-        tick_s=TICK_S,
-        sample_interval_s=policy.device.sample_interval,
-        grace_s=settings.liveness_grace_s,
-        stall_after_s=settings.watchdog_stall_s,
-        events=events,
-    )
-    if metrics is None:
-        metrics = new_metrics(lambda: orchestrator.status(), backend=probe.backend)
+        clock=clock, last=last, runtimes=runtimes, backend=probe.backend, events=events,
+        tick_s=TICK_S, sample_interval_s=policy.device.sample_interval,
+        grace_s=settings.liveness_grace_s, stall_after_s=settings.watchdog_stall_s,
+    )  # fmt: skip
+    metrics = metrics or new_metrics(lambda: orchestrator.status(), backend=probe.backend)
     waiters, tickets = Waiters(), Tickets()
     effects = KernelEffects(
         feed=pump.feed,
@@ -180,6 +152,47 @@ def build_orchestrator(
         settings=settings,
     )
     return orchestrator
+
+
+def _memory_truth(
+    pump: Pump,
+    scheduler: Scheduler,
+    runtimes: RuntimeTable,
+    events: EventLog,
+    last: LastReading,
+    policy: Policy,
+    store: Store,
+    writer: StoreWriter,
+    probe: DeviceProbe,
+    clock: Clock,
+    settings: Settings,
+) -> tuple[Doctor, Sampler]:
+    """The memory package's two workers: the doctor (flags, verdicts, the watches) and
+    the sampler that feeds it and the scheduler."""
+    doctor = Doctor(
+        store=store,
+        events=events,
+        clock=clock,
+        settings=settings,
+        last=last,
+        runtimes=runtimes,
+        feed=pump.feed,
+        gpu=probe.backend != "host",
+    )
+    sampler = Sampler(
+        feed=pump.feed,
+        view=scheduler,
+        runtimes=runtimes,
+        watches=doctor.watches,
+        on_finding=doctor.on_finding,
+        last=last,
+        probe=probe,
+        store=store,
+        writer=writer,
+        clock=clock,
+        interval_s=policy.device.sample_interval,
+    )
+    return doctor, sampler
 
 
 def new_metrics(status: Callable[[], dict[str, Any]], *, backend: str) -> Metrics:

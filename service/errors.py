@@ -18,7 +18,7 @@
         └── RuntimeTimeout         504 runtime_timeout
 
 ``RequestRejected`` subclasses carry the HTTP status and the error ``code`` of the API
-contract (DESIGN section 6), so one handler turns any of them into a response.
+contract (docs/api.md, "Errors"), so one handler turns any of them into a response.
 """
 
 from __future__ import annotations

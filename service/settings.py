@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     watchdog_stall_s: float = 10.0
     # /healthz fails when memory samples are this late (or 5 sample intervals, if more).
     liveness_grace_s: float = 15.0
-    # Creep detection's warm-up (DESIGN section 5: 20 requests and 60 s after ready).
+    # Creep detection's warm-up, 20 requests and 60 s after ready (docs/operations.md,
+    # ``creeping``).
     creep_min_requests: int = 20
     creep_min_age_s: float = 60.0
     # How many samples after warm-up creep detection needs before it may judge.

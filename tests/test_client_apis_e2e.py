@@ -4,7 +4,7 @@ One daemon (module scope) with demo runtimes that answer the Responses and Messa
 as llama-server does, TEI's and whisper.cpp's native routes (``--native-routes``), and
 llama.cpp's own ``/slots`` and ``/props``; ``server.api_keys`` set and the Ollama
 listener on. Apps written for OpenAI's Responses API, Anthropic's Messages API and
-Ollama's API run unchanged against it (DESIGN sections 3 and 6).
+Ollama's API run unchanged against it (docs/policy.md and docs/api.md).
 """
 
 from __future__ import annotations

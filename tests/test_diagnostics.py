@@ -1,4 +1,4 @@
-"""Diagnosis from samples (DESIGN section 5): creep, OOM classification, over-cap streaks.
+"""Diagnosis from samples (docs/operations.md): creep, OOM classification, over-cap streaks.
 
 Every series here is synthetic and seeded: one sample a second from ``t = 0`` (the
 instance became ready at 0), ``per_s`` requests a second, a footprint shape in bytes as

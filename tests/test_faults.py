@@ -44,7 +44,7 @@ from support.faults import (
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 # Codes the contract allows the daemon to answer with when a runtime or the daemon itself
-# cannot serve (DESIGN section 6); a 500 is never one of them.
+# cannot serve (docs/api.md); a 500 is never one of them.
 SERVER_ERROR_CODES = {
     "insufficient_capacity",
     "queue_timeout",

@@ -1,4 +1,4 @@
-"""The kernel's helpers on their narrow ports (DESIGN section 2): sampler, doctor,
+"""The kernel's helpers on their narrow ports (docs/architecture.md): sampler, doctor,
 windows and sleep mode, each built from a recording ``feed``, a fake clock, a fake probe,
 a runtime table over a fake launcher and a real SQLite file -- no orchestrator, no
 processes, no sleeps.

@@ -1,6 +1,6 @@
 """500 clients at once against one service with 4 slots and a queue of 16.
 
-The contract (DESIGN section 4): a service takes ``max_concurrency`` requests at the
+The contract (docs/policy.md): a service takes ``max_concurrency`` requests at the
 runtime and queues ``queue.max`` more; everything beyond answers 429 ``queue_full`` with
 Retry-After at once. The runtime here takes 2 s per request, far longer than the burst
 takes to arrive (about 1-2 s on two cores), so every request is counted while the first

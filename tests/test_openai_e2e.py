@@ -1,7 +1,7 @@
 """The official ``openai`` client against a live ``vramd serve`` with demo runtimes.
 
 One daemon (module scope) serves every kind; each test reaches one route or one error
-code of the contract (DESIGN section 6) through a real scenario.
+code of the contract (docs/api.md) through a real scenario.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound, ServiceNotFound
 from service.live.leases import Lease, Routed
 from service.policy.routes import ROUTES_BY_KIND
-from service.proxy.forward import ProxyConfig
+from service.proxy.request import ProxyConfig
 
 pytestmark = pytest.mark.slow
 

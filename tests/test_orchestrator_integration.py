@@ -1,4 +1,4 @@
-"""The orchestrator against real demo runtimes on the host backend (DESIGN section 4).
+"""The orchestrator against real demo runtimes on the host backend (docs/policy.md).
 
 Each test builds an ``Orchestrator`` the way ``service.app`` does (policy from YAML text,
 a temp SQLite file, the host probe, the system clock, the subprocess launcher) and drives

@@ -1,4 +1,4 @@
-"""The policy file contract (DESIGN section 3): validation, defaults, placeholders, diffs.
+"""The policy file contract (docs/policy.md): validation, defaults, placeholders, diffs.
 
 Invalid policies live in ``tests/policies/invalid/``, one mistake each (or several in the
 "all at once" case), with ``# expect: <path> (line N): <message fragment>`` header lines;
@@ -669,7 +669,7 @@ def test_policy_error_lists_every_issue() -> None:
     assert len(excinfo.value.issues) == len(expectations(text))
 
 
-# --- protect (DESIGN section 4) --------------------------------------------------------
+# --- protect (docs/policy.md) --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -743,8 +743,8 @@ def test_a_protect_change_applies_in_place() -> None:
 
 # --- import edges ----------------------------------------------------------------------
 
-# What the policy and the pure scheduler may reach inside service/: values only (DESIGN
-# section 2, "values stay values"). No maintenance jobs, adapters, processes or kernel.
+# What the policy and the pure scheduler may reach inside service/ at run time: values
+# only (docs/architecture.md). No maintenance jobs, adapters, processes or kernel.
 VALUE_MODULES = ("domain", "errors", "units")
 _IMPORT_PROBE = """
 import pathlib, sys

@@ -33,10 +33,11 @@ from service.errors import (
     RequestRejected,
     ServiceNotFound,
 )
-from service.live.leases import Routed
+from service.live.leases import Lease, Routed
 from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import forward
-from service.proxy.forward import Lease, ProxyConfig, UpstreamBroken, events_end
+from service.proxy.forward import UpstreamBroken, events_end
+from service.proxy.request import ProxyConfig
 
 CHAT = "/v1/chat/completions"
 TRANSCRIBE = "/v1/audio/transcriptions"

@@ -4,7 +4,7 @@ One ``vramd serve`` runs two services from the same model file, chat and embeddi
 (``--embedding true``), under a host-memory budget that holds only one of them. The
 official ``openai`` client then alternates between them, so every request is a cold
 start that evicts the other service and waits for its memory to settle: the whole path
-of DESIGN sections 4 and 6 with a real runtime's startup, health route (``/v1/models``,
+of docs/policy.md and docs/api.md with a real runtime's startup, health route (``/v1/models``,
 llama-cpp-python has no ``/health``), streaming format and shutdown.
 
 The weights are random (tests/support/gguf_model.py), so the assertions are about the

@@ -1,4 +1,4 @@
-"""The scheduler core driven by events on a fake clock (DESIGN section 4).
+"""The scheduler core driven by events on a fake clock (docs/policy.md).
 
 Each test feeds ``Scheduler.handle`` events with a ``now`` it chooses and asserts on the
 actions that come back: no processes, no sleeps. ``World`` only remembers the figures a

@@ -1,4 +1,4 @@
-"""Decisions that used to live in the kernel, now in the pure core (DESIGN section 2).
+"""Decisions that used to live in the kernel, now in the pure core (docs/architecture.md).
 
 Backoff retries (a pass past the backoff deadline issues the ``Start``), vLLM-style sleep
 and wake, operators' loads/unloads/restarts answered by the events they cause

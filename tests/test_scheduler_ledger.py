@@ -1,4 +1,4 @@
-"""Budget arithmetic (DESIGN sections 1 and 4): budget, charge, available, expected peak."""
+"""Budget arithmetic (docs/operations.md): budget, charge, available, expected peak."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``span: N`` in the scheduler core: one instance on several devices (DESIGN section 3).
+"""``span: N`` in the scheduler core: one instance on several devices (docs/policy.md).
 
 A spanning load is placed on a set of devices, charged its share on each (even, or the
 policy's ``memory.split`` in device order), measured per device, evicts per device, and

@@ -1,4 +1,4 @@
-"""Security defaults (DESIGN section 9) on a live daemon, and the key check itself.
+"""Security defaults (docs/operations.md) on a live daemon, and the key check itself.
 
 Loopback unless both key sets are set; the two key sets open different doors; keys are
 compared in constant time and never written to a log line or an event; a runtime's

@@ -1,4 +1,4 @@
-"""Sizes and durations as written in policy files (DESIGN section 3): parsing and display."""
+"""Sizes and durations as written in policy files (docs/policy.md): parsing and display."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ all see the same services, the same device and the same memory to plan with:
   ``device.budget`` plus its ``headroom`` plus ``DEFAULT_SLACK`` (what a real card has
   beyond what the operator hands out), so a runtime that outgrows its estimate has a
   little room before it fails, as on a real card.
-- ``plan_bytes``: what vramd hands out on that device (``min(budget, total) -
-  headroom``, DESIGN section 1). The baselines plan against the same figure, so every
-  system is compared on the same memory.
+- ``plan_bytes``: what vramd hands out on that device (``min(budget, total) - headroom``,
+  docs/operations.md, "How vramd decides"). The baselines plan against the same figure, so
+  every system is compared on the same memory.
 - ``devices``: how many such devices the box has (``device_total`` and ``plan_bytes``
   are per device). By default one, or one per index up to the highest in the policy's
   ``device.gpus`` when it lists them (``gpus: [0, 1]``: a box of two).

@@ -347,7 +347,7 @@ class Vramd(System):
         self._feed(MemorySampled(tuple(readings), footprints, per_device))
 
     def _learn_peak(self, service: str, footprint: int) -> None:
-        """As ``service.memory.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
+        """As ``memory.sampling.Sampler._learn_peak``: raise the learned peak on a new high."""
         proc = self.procs[service]
         proc.peak = max(proc.peak, footprint)
         rule = self.setup.rules[service]

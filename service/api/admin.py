@@ -86,7 +86,7 @@ async def restart(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
 
 @router.get("/api/services/{name}/admission")
 async def admission(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
-    """What loading the service now would do; changes nothing (DESIGN section 4)."""
+    """What loading the service now would do; changes nothing."""
     return orchestrator.admission(name)
 
 

@@ -1,4 +1,4 @@
-"""Bearer keys for ``/v1`` and ``/api`` (DESIGN section 9), as FastAPI dependencies.
+"""Bearer keys for ``/v1`` and ``/api``, as FastAPI dependencies (docs/api.md, "Authentication").
 
 ``server.api_keys`` open ``/v1``; ``server.admin_keys`` open ``/api``. The two sets are
 separate on purpose: a key handed to an app cannot unload models or rewrite the policy,

@@ -1,4 +1,4 @@
-"""Every error vramd answers has the shape its client's API expects (DESIGN section 6).
+"""Every error vramd answers has the shape its client's API expects (docs/api.md, "Errors").
 
 OpenAI's ``{"error": {"message": ..., "type": ..., "code": ...}}`` on ``/v1`` and the
 admin API, Anthropic's on ``/v1/messages*``, Ollama's on the Ollama listener

@@ -140,7 +140,7 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
     )
     waiting = GaugeMetricFamily(
         "vramd_service_waiting_for_memory",
-        "1 while a load of the service waits for memory others hold (DESIGN section 4).",
+        "1 while a load of the service waits for memory others hold.",
         labels=["service"],
     )
     for svc in services:

@@ -1,4 +1,4 @@
-"""The Ollama listener: Ollama's API on its own port, on the same scheduler (DESIGN 6).
+"""The Ollama listener: Ollama's API on its own port, on the same scheduler (docs/api.md).
 
 With ``server.ollama: {port: 11434}`` the daemon runs this app beside the main one
 (``service.server``); it shares the main app's state, so the keys, body limits and
@@ -55,7 +55,8 @@ from service.ollama import (
 )
 from service.ollama.relay import Endpoint, OllamaAnswer
 from service.proxy.dialects import OLLAMA, Dialect
-from service.proxy.forward import ClientRequest, ProxyResponse, new_request_id
+from service.proxy.forward import ProxyResponse
+from service.proxy.request import ClientRequest, new_request_id
 
 log = logging.getLogger("vramd.ollama")
 

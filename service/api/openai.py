@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes (``/v1``, DESIGN sections 3 and 6).
+"""The OpenAI-compatible routes (``/v1``; docs/api.md, "OpenAI routes").
 
 A route reads just enough of a request to route it: the body (size-limited), and the
 ``model`` named in it, from the JSON object or from the multipart form field. It asks the
@@ -34,7 +34,8 @@ from service.errors import InvalidRequest, ModelNotFound
 from service.live.leases import LeaseProvider
 from service.policy.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
 from service.proxy.dialects import dialect_for
-from service.proxy.forward import ClientRequest, ProxyConfig, ProxyResponse, forwarded_headers
+from service.proxy.forward import ProxyResponse
+from service.proxy.request import ClientRequest, ProxyConfig, forwarded_headers
 from service.units import format_size
 
 STARTED = int(time.time())  # the "created" of every model: when this daemon started

@@ -1,4 +1,4 @@
-"""``/upstream/{service}/{path}``: a runtime's own API, through vramd (DESIGN section 6).
+"""``/upstream/{service}/{path}``: a runtime's own API, through vramd (docs/api.md).
 
 Runtimes answer more than the OpenAI routes: llama.cpp's ``/slots``, ``/props`` and
 ``/tokenize``, a web UI and its API. A request here goes to the named service's runtime
@@ -17,7 +17,8 @@ from starlette.responses import RedirectResponse, Response
 
 from service.api.auth import require_api_key
 from service.api.openai import get_leases, get_proxy_config, read_body
-from service.proxy.forward import ClientRequest, ProxyResponse
+from service.proxy.forward import ProxyResponse
+from service.proxy.request import ClientRequest
 
 PREFIX = "/upstream"
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -1,11 +1,12 @@
-"""The ``vramd`` command (DESIGN section 7), assembled from its parts.
+"""The ``vramd`` command (docs/cli.md), assembled from its parts.
 
-    console.py   the consoles, exit codes and one-line failures every command shares
-    daemon.py    commands on this machine, no daemon needed: check, schema, serve, db, import
-    client.py    commands that talk to a running daemon over HTTP: ps, load ... incidents
-    windows.py   the ``windows`` group, a client command group of its own
-    render.py    how the daemon's JSON reads on a terminal: its tables and lines
-    admin_api.py AdminClient: the admin API's requests, typed, for the client commands
+    console.py    the consoles, exit codes and one-line failures every command shares
+    daemon.py     commands on this machine, no daemon needed: check, schema, serve, db, import
+    client.py     commands that talk to a running daemon over HTTP: ps, load ... incidents
+    windows.py    the ``windows`` group, a client command group of its own
+    render.py     how the daemon's JSON reads on a terminal: its tables and lines
+    admin_api.py  AdminClient: the admin API's requests, typed, for the client commands
+    __main__.py   ``python -m service.cli``: the ``vramd`` command, as the tests and make run it
 
 Imports go one way: ``console``, ``render`` and ``admin_api`` import no other part,
 ``daemon`` and ``client`` import them, ``windows`` imports ``client``, and this module imports the

@@ -1,4 +1,4 @@
-"""A small typed HTTP client for the admin API (DESIGN section 6), used by the CLI.
+"""A small typed HTTP client for the admin API (docs/api.md), used by the CLI.
 
     with AdminClient(settings.url, admin_key=settings.admin_key) as client:
         client.load("chat")          # the service's JSON view once it is ready

@@ -1,4 +1,4 @@
-"""The ``vramd`` commands that talk to a running daemon over HTTP (DESIGN section 7).
+"""The ``vramd`` commands that talk to a running daemon over HTTP (docs/cli.md).
 
 ``ps``, ``load``/``unload``/``restart``, ``explain``, ``apply``, ``events`` and ``incidents``;
 the ``windows`` group lives in ``windows.py`` and uses ``connect`` from here. Each command

@@ -1,6 +1,6 @@
 """How the daemon's JSON reads on a terminal: the tables and lines the client commands print.
 
-Pure functions from the admin API's answers (DESIGN section 6) to text and ``rich`` tables;
+Pure functions from the admin API's answers (docs/api.md) to text and ``rich`` tables;
 they ask nothing and print nothing, so the commands in ``client.py`` and ``windows.py`` read
 as "ask the daemon, print its view". Missing values show as ``-``; times are local.
 """

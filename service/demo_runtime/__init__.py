@@ -35,6 +35,7 @@ also standard library only, when it holds simulated GPU memory). Its parts::
     server.py    the HTTP server and its handler: reading, misbehaving, replying, streaming
     log.py       whole lines to stdout and stderr, as a supervisor tails them
     process.py   main: fail at start, or listen, load, and wait for a signal
+    __main__.py  ``python -m service.demo_runtime``: process.main
 """
 
 from service.demo_runtime.bodies import parse_multipart, parse_payload

@@ -1,7 +1,8 @@
 """The host-memory probe: the machine's RAM as the one device, for machines without a GPU.
 
-This is what the demo and the tests run against (DESIGN section 10): runtimes there are
-real processes holding real memory, so the budget arithmetic is exercised end to end.
+This is what the demo and the tests run against (docs/policy.md, "No GPU: host memory
+and the demo runtime"): runtimes there are real processes holding real memory, so the
+budget arithmetic is exercised end to end.
 
 The device's ``free`` is the kernel's *available* figure, not its *free* one: page cache
 and reclaimable slabs are handed back on demand, so counting them as used would make

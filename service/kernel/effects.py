@@ -1,4 +1,4 @@
-"""The kernel's effects: how the scheduler's actions become real (DESIGN section 2).
+"""The kernel's effects: how the scheduler's actions become real (docs/architecture.md).
 
 ``KernelEffects`` implements ``scheduler.Effects`` for the daemon. Each method returns
 at once; slow work (spawning, stopping, waiting for memory to settle, sleeping and

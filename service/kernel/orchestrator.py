@@ -1,8 +1,9 @@
-"""The orchestrator: the kernel's pump and the single owner of live state (DESIGN 2).
+"""The orchestrator: the kernel's pump and the single owner of live state.
 
 It feeds events to the pure scheduler one at a time (``scheduler.Pump``) and the
 scheduler's actions go to the kernel's ``Effects`` (``service.kernel.effects``). Everything
-it needs is built in ``service.app`` and handed in; it builds no helper of its own.
+it needs is built in ``service.app`` and handed in; it builds no helper of its own
+(docs/architecture.md, "The kernel's shape").
 
 What it does itself is what only the owner may do: its lifecycle (reap what a previous
 daemon left, start the loops, shut down), applying policies, and answering the API --
@@ -207,7 +208,8 @@ class Orchestrator:
     # -------------------------------------------------------------- policy apply
 
     def apply_policy(self, text: str, *, source: str, dry_run: bool = False) -> dict[str, Any]:
-        """Validate, diff, store as a version, then act (DESIGN section 3).
+        """Validate, diff, store as a version, then act (docs/policy.md, "Applying a changed
+        policy").
 
         Raises ``PolicyError`` (nothing changes) for an invalid text. New services are
         registered (pinned ones start), removed ones drain and stop, services whose
@@ -393,8 +395,8 @@ class Orchestrator:
         return await self._ask(rt, lambda ticket: UnloadRequested(name, ticket))
 
     async def restart(self, name: str) -> dict[str, Any]:
-        """A drained restart (DESIGN section 4) and wait for the new instance; a service
-        that is not loaded is loaded."""
+        """A drained restart (docs/policy.md, "Restarts") and wait for the new instance; a
+        service that is not loaded is loaded."""
         rt = self.runtime(name)
         if self.scheduler.service_view(name).state not in ("starting", "ready"):
             return await self.load(name)

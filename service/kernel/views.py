@@ -1,7 +1,7 @@
 """JSON views of live state for the admin API, ``vramd ps`` and the dashboard.
 
 Pure functions of what the orchestrator hands them, so the shape of ``GET
-/api/services`` (DESIGN section 6) is defined in one place.
+/api/services`` (docs/api.md) is defined in one place.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
-    """Every field DESIGN section 6 lists for a service, and a few more."""
+    """Every field docs/api.md lists for a service under ``GET /api/services``."""
     inst = rt.instance
     spec = rt.spec
     return {
@@ -50,7 +50,8 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "in_flight": view.in_flight,
         "queued": view.queued,
         "waiting_for_memory": view.waiting_for_memory,
-        # What a waiting load waits for, in words and per holder (DESIGN section 4).
+        # What a waiting load waits for, in words and per holder (docs/operations.md,
+        # "How vramd decides", step 4).
         "waiting_for": view.waiting_for,
         "wait_holders": list(view.wait_holders),
         "evicting": list(view.evicting),

@@ -1,7 +1,7 @@
 """The event log: every decision and state change, persisted, logged and streamed.
 
-DESIGN asks that every decision be explained: why this victim, why this refusal, what
-was measured. Each one becomes an ``events`` row in SQLite (served by
+Every decision is explained: why this victim, why this refusal, what was measured.
+Each one becomes an ``events`` row in SQLite (served by
 ``GET /api/events``), a log line, and a message to live subscribers
 (``GET /api/events/stream``). The row goes through the store writer: recording never
 waits for SQLite, and the event's id is known at once (the writer counts ids), so the

@@ -1,4 +1,4 @@
-"""Leases: the contract between the proxy and the kernel (DESIGN section 2).
+"""Leases: the contract between the proxy and the kernel (docs/architecture.md).
 
 A request gets a ``Lease`` -- the right to send one request to one ready instance --
 from a ``LeaseProvider`` (the orchestrator), and gives it back exactly once with its

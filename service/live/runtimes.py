@@ -82,7 +82,7 @@ def launch_args(
     runtime_totals: Sequence[int] = (),
     placement: Mapping[str, str] | None = None,
 ) -> LaunchArgs:
-    """Fill in the placeholders of DESIGN section 3 for one start of ``service``.
+    """Fill in the placeholders (docs/policy.md, "Placeholders") for one start of ``service``.
 
     ``devices`` are the ones admission chose (one, or ``span`` of them, lowest first),
     ``runtime_totals`` the total a runtime sees on each (for ``${CAP_FRACTION}``), and
@@ -135,7 +135,7 @@ def cap_fraction(cap: int, shares: Sequence[float], totals: Sequence[int]) -> st
     that fraction of every device it runs on, of the total *it* sees (the driver's
     reserve included). Truncated in integers to four decimals, never rounded up: a float
     floor can land one step above the exact quotient, and a fraction above the cap would
-    let the runtime's own allocator plan past it (DESIGN section 4).
+    let the runtime's own allocator plan past it (docs/policy.md, "Placeholders").
     """
     steps = min(
         int(cap * share) * FRACTION_STEPS // total

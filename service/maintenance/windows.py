@@ -6,7 +6,7 @@ other change: restarting the window's targets (``RestartRequested``: drain first
 allowing its window-only services (``WindowChanged``), recording each run in SQLite,
 and the operator's one-off windows (``POST``/``DELETE /api/maintenance``).
 
-Its ports are narrow (DESIGN section 2): ``feed``, the runtime table (which services
+Its ports are narrow (docs/architecture.md): ``feed``, the runtime table (which services
 run, and their flags), the store, the event log and the clock; the active policy is
 handed over by ``reconfigure`` after every apply.
 """

@@ -1,7 +1,8 @@
 """Diagnosis from memory samples: creep, fragmentation versus capacity, over-cap streaks.
 
-Pure functions over values (DESIGN section 5): no I/O, no clock reads, no logging. The
-sampler and the supervisor feed them samples and log lines and turn verdicts into flags.
+Pure functions over values: no I/O, no clock reads, no logging (what they decide is in
+docs/operations.md, "Flags" and "Fragmentation versus capacity"). The sampler and the
+supervisor feed them samples and log lines and turn verdicts into flags.
 
 Why these rules:
 
@@ -134,29 +135,9 @@ def detect_creep(
     ``new_high_fraction`` of the window.
     """
     series = sorted((s for s in samples if s.t >= ready_at), key=lambda s: s.t)
-    if not series:
-        return CreepVerdict(False, None, 0, "warming up: no samples since ready")
-    last = series[-1]
-    age = last.t - ready_at
-    if last.requests < config.min_requests or age < config.min_age_s:
-        return CreepVerdict(
-            False,
-            None,
-            0,
-            f"warming up: {last.requests} of {config.min_requests} requests, "
-            f"{format_duration(age)} of {format_duration(config.min_age_s)} since ready",
-        )
-    start = next(
-        i
-        for i, s in enumerate(series)
-        if s.requests >= config.min_requests and s.t - ready_at >= config.min_age_s
-    )
-    window = series[start:][-config.window :]
-    enough = min(config.min_samples, config.window)
-    if len(window) < enough:
-        return CreepVerdict(
-            False, None, 0, f"too few samples after warm-up to judge: {len(window)} of {enough}"
-        )
+    window = _judged_window(series, ready_at, config)
+    if isinstance(window, str):
+        return CreepVerdict(False, None, 0, window)
     xs = [s.requests for s in window]
     ys = [s.bytes for s in window]
     growth = ys[-1] - ys[0]
@@ -207,6 +188,31 @@ def detect_creep(
             f"({rate}), under the {format_size(config.min_growth_bytes)} threshold"
         )
     return CreepVerdict(False, slope, growth, why)
+
+
+def _judged_window(
+    series: Sequence[Sample], ready_at: float, config: CreepConfig
+) -> list[Sample] | str:
+    """The samples after warm-up that creep is judged on, or why there are none yet."""
+    if not series:
+        return "warming up: no samples since ready"
+    last = series[-1]
+    age = last.t - ready_at
+    if last.requests < config.min_requests or age < config.min_age_s:
+        return (
+            f"warming up: {last.requests} of {config.min_requests} requests, "
+            f"{format_duration(age)} of {format_duration(config.min_age_s)} since ready"
+        )
+    start = next(
+        i
+        for i, s in enumerate(series)
+        if s.requests >= config.min_requests and s.t - ready_at >= config.min_age_s
+    )
+    window = list(series[start:][-config.window :])
+    enough = min(config.min_samples, config.window)
+    if len(window) < enough:
+        return f"too few samples after warm-up to judge: {len(window)} of {enough}"
+    return window
 
 
 def _jitter(ys: Sequence[int]) -> float:

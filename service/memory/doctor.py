@@ -1,6 +1,7 @@
 """Acting on memory findings: flags, cap actions, out-of-memory incidents and verdicts.
 
-DESIGN section 5. The sampler and the proxy report what they saw (a cap streak, a
+See docs/operations.md ("Flags: what they mean and what to do", "Fragmentation versus
+capacity"). The sampler and the proxy report what they saw (a cap streak, a
 creeping series, an out-of-memory line or response, a load that died of OOM); the
 doctor turns each into a flag and an event, carries out the service's ``on_cap``, and
 leaves an incident record with the figures an operator needs to tell fragmentation from
@@ -140,7 +141,7 @@ class Doctor:
         )
         if diagnosis.kind == "fragmented":
             self.flag(rt, "fragmented", f"{diagnosis.reason} ({source}: {text})")
-        # Incidents use the verdict names of DESIGN section 5 for loads and requests alike.
+        # Incidents use one set of verdict names, for loads and requests alike.
         verdict = "fragmentation" if diagnosis.kind == "fragmented" else "capacity"
         incident = self.record_incident(
             rt, kind="request", verdict=verdict, summary=diagnosis.reason, oom_text=text
@@ -202,7 +203,7 @@ class Doctor:
         summary: str,
         oom_text: str,
     ) -> int:
-        """An incident with the figures of DESIGN section 5, taken now."""
+        """An incident with the figures docs/operations.md lists for one, taken now."""
         now = self._clock.now()
         reading = self._last.reading
         devices = [

@@ -6,7 +6,8 @@ worker the root outlived) the device's ``free`` figure returns later, or never, 
 listed process holds the memory. Starting the next load on the strength of the list
 alone then fails it with out-of-memory on a device that looked empty. So after a stop
 on a GPU backend the orchestrator also waits until, on every device the instance was
-on, ``free`` has risen by what the instance held there (DESIGN section 4, step 5).
+on, ``free`` has risen by what the instance held there (docs/architecture.md, "Devices,
+and a load on several of them").
 
 Other instances keep running meanwhile and grow or shrink, which moves ``free`` too.
 The figure compared is therefore ``free + what our other instances hold`` on the

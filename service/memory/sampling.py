@@ -7,7 +7,7 @@ footprint and peak, raises a service's learned peak when an instance goes above 
 writes the samples to SQLite (downsampled there once a minute). Every write goes through
 the store writer, so a locked database delays the rows, never the loop.
 
-Its ports are narrow (DESIGN section 2): ``feed`` for the events it raises, a read-only
+Its ports are narrow (docs/architecture.md): ``feed`` for the events it raises, a read-only
 view of the scheduler (a service's expected peak and load, a device's budget), the
 runtime table, and ``on_finding`` for what a runtime's memory watch notices (the
 doctor acts on those). The latest reading goes to a ``LastReading`` that the doctor,
@@ -39,7 +39,7 @@ log = logging.getLogger("vramd.sampling")
 SLEEPING = InstanceState.SLEEPING
 
 DOWNSAMPLE_EVERY_S = 60.0
-# DESIGN: the learned peak is the highest footprint of the service's *recent* instances.
+# The learned peak is the highest footprint of the service's *recent* instances.
 RECENT_INSTANCES = 5
 # A new learned peak is persisted only when it grows by more than this fraction, so a
 # slowly warming cache does not write a row every second.

@@ -1,16 +1,17 @@
 """Ollama's API in terms of the OpenAI routes vramd serves: pure translation, no I/O.
 
-The Ollama listener (``server.ollama``, DESIGN section 6) answers Ollama clients on the
+The Ollama listener (``server.ollama``, docs/api.md) answers Ollama clients on the
 same scheduler as ``/v1``. It uses this package to turn each request into an OpenAI one
 and each answer (or SSE chunk) back into Ollama's JSON (or NDJSON lines):
 
-    requests   chat_request, generate_request, embed_request, embeddings_request
-               → Translated(route, body, stream, ignored, load_only, unload_only)
-    answers    Timing; chat_answer, generate_answer, embed_answer, embeddings_answer,
-               idle_answer (load/unload), error_line
-    streams    ChatStream: event(chunk) → lines, finish() → the done line
-    meta       ModelView; tags, ps, show, version; MANAGEMENT_ROUTES
-    fields     the field checks and option mapping the requests share
+    requests.py  chat_request, generate_request, embed_request, embeddings_request
+                 → Translated(route, body, stream, ignored, load_only, unload_only)
+    answers.py   Timing; chat_answer, generate_answer, embed_answer, embeddings_answer,
+                 idle_answer (load/unload), error_line
+    streams.py   ChatStream: event(chunk) → lines, finish() → the done line
+    relay.py     OllamaAnswer: the proxy's Translator, one runtime answer to Ollama's
+    meta.py      ModelView; tags, ps, show, version; MANAGEMENT_ROUTES
+    fields.py    the field checks and option mapping the requests share
 
 Nothing here awaits, reads live state or opens a socket; the listener does that.
 """

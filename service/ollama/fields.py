@@ -39,7 +39,8 @@ SAMPLING_SAME_NAME = (
 INTEGER_OPTIONS = frozenset({"top_k", "seed", "repeat_last_n", "mirostat", "num_predict"})
 
 # Options that would change how the runtime is loaded. Ollama reloads the model for them;
-# vramd never does, the policy decides (DESIGN section 3).
+# vramd never does, the policy decides (docs/policy.md: request fields never trigger a
+# reload).
 RUNTIME_OPTIONS = frozenset(
     {
         "num_ctx",

@@ -1,4 +1,4 @@
-"""The policy file (DESIGN section 3): schema, validation with YAML positions, placeholders.
+"""The policy file (docs/policy.md): schema, validation with YAML positions, placeholders.
 
 ``load_policy(text)`` is the only way a policy enters vramd. It parses the YAML keeping
 positions, merges ``defaults`` into services, validates the whole file with pydantic, runs
@@ -7,7 +7,7 @@ naming its key path and line: ``services.chat.memory.cap (line 14, col 12): ...`
 
 Extensions to the contract (the contract's form keeps working):
 - ``server.max_json_body`` / ``server.max_upload_body``: the request body limits of
-  DESIGN section 9 (defaults 4MiB and 64MiB).
+  docs/api.md (defaults 4MiB and 64MiB).
 - ``server.request_timeout`` (10m) / ``server.stream_idle_timeout`` (5m): when a runtime
   that accepted a request but does not answer gets a 504 ``runtime_timeout``.
 - ``defaults`` also accepts ``restart``, ``priority``, ``health``, ``env`` and ``gpus``.

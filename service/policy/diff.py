@@ -15,7 +15,8 @@ from service.policy.placeholders import CAP_PLACEHOLDERS, placeholders_in
 from service.policy.schema import Policy
 
 # Fields whose change alters the process a service runs: applying such a change restarts
-# the service at once, drained (DESIGN section 4). Everything else takes effect in place.
+# the service at once, drained (docs/policy.md, "Applying a changed policy"). Everything
+# else takes effect in place.
 RESTART_FIELDS = frozenset({"kind", "command", "env", "cwd", "health", "gpus", "span"})
 
 

@@ -278,38 +278,8 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
                 "a pinned service is never evicted, so protect does not apply; remove it",
                 key=True,
             )
-        split = service.memory.split
-        if split is not None and len(split) != service.span:
-            add(
-                (*base, "memory", "split"),
-                f"has {len(split)} shares but span is {service.span}: one share per device",
-            )
-        allowed = service.gpus or (
-            policy.device.gpus if isinstance(policy.device.gpus, list) else None
-        )
-        if allowed is not None and service.span > len(set(allowed)):
-            where = "gpus" if service.gpus else "device.gpus"
-            add(
-                (*base, "span"),
-                f"span {service.span} needs {service.span} devices, but {where} allows "
-                f"{len(set(allowed))}: {sorted(set(allowed))}",
-            )
-        if isinstance(policy.device.gpus, list) and service.gpus:
-            for i, gpu in enumerate(service.gpus):
-                if gpu not in policy.device.gpus:
-                    add((*base, "gpus", i), f"GPU {gpu} is not in device.gpus {policy.device.gpus}")
-        templated: list[tuple[PathKey, str]] = [
-            ((*base, "command", i), arg) for i, arg in enumerate(service.command)
-        ]
-        templated += [((*base, "env", key), value) for key, value in service.env.items()]
-        templated.append(((*base, "health"), service.health))
-        for path, text in templated:
-            for name_used in placeholders_in(text):
-                if name_used not in PLACEHOLDERS:
-                    known = ", ".join(f"${{{p}}}" for p in sorted(PLACEHOLDERS))
-                    add(path, f"unknown placeholder ${{{name_used}}}; known: {known}")
-                elif name_used in CAP_PLACEHOLDERS and cap is None:
-                    add(path, f"${{{name_used}}} needs services.{name}.memory.cap to be set")
+        _placement_checks(policy, service, base, add)
+        _placeholder_checks(name, service, base, add)
     ollama = policy.server.ollama
     if ollama is not None and ollama.port == policy.server.port:
         add(("server", "ollama", "port"), f"must differ from server.port ({ollama.port})")
@@ -318,6 +288,48 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
         add(("device", "headroom"), f"must be below device.budget ({format_size(budget)})")
     _window_checks(policy, add, written)
     return issues
+
+
+def _placement_checks(
+    policy: Policy, service: Service, base: PathKey, add: Callable[..., None]
+) -> None:
+    """A span's shares and devices: one share per device, enough devices allowed."""
+    split = service.memory.split
+    if split is not None and len(split) != service.span:
+        add(
+            (*base, "memory", "split"),
+            f"has {len(split)} shares but span is {service.span}: one share per device",
+        )
+    allowed = service.gpus or (policy.device.gpus if isinstance(policy.device.gpus, list) else None)
+    if allowed is not None and service.span > len(set(allowed)):
+        where = "gpus" if service.gpus else "device.gpus"
+        add(
+            (*base, "span"),
+            f"span {service.span} needs {service.span} devices, but {where} allows "
+            f"{len(set(allowed))}: {sorted(set(allowed))}",
+        )
+    if isinstance(policy.device.gpus, list) and service.gpus:
+        for i, gpu in enumerate(service.gpus):
+            if gpu not in policy.device.gpus:
+                add((*base, "gpus", i), f"GPU {gpu} is not in device.gpus {policy.device.gpus}")
+
+
+def _placeholder_checks(
+    name: str, service: Service, base: PathKey, add: Callable[..., None]
+) -> None:
+    """Every ${NAME} in the command, env and health path is known (and has its cap)."""
+    templated: list[tuple[PathKey, str]] = [
+        ((*base, "command", i), arg) for i, arg in enumerate(service.command)
+    ]
+    templated += [((*base, "env", key), value) for key, value in service.env.items()]
+    templated.append(((*base, "health"), service.health))
+    for path, text in templated:
+        for name_used in placeholders_in(text):
+            if name_used not in PLACEHOLDERS:
+                known = ", ".join(f"${{{p}}}" for p in sorted(PLACEHOLDERS))
+                add(path, f"unknown placeholder ${{{name_used}}}; known: {known}")
+            elif name_used in CAP_PLACEHOLDERS and service.memory.cap is None:
+                add(path, f"${{{name_used}}} needs services.{name}.memory.cap to be set")
 
 
 def _supports_sleep(service: Service) -> bool:
@@ -350,7 +362,7 @@ def _window_checks(policy: Policy, add: Callable[..., None], written: set[str]) 
 
 
 def _resolve_idle_ttls(policy: Policy) -> None:
-    """Fill in each service's effective idle TTL (DESIGN section 4's table).
+    """Fill in each service's effective idle TTL (docs/policy.md, "Residency ...").
 
     pinned: never unloads. warm: only when the service sets idle_ttl itself. on-demand
     and window-only: their own idle_ttl, else ``defaults.idle_ttl``.

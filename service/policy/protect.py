@@ -1,8 +1,9 @@
 """``protect``: how long an idle instance keeps its memory against lower priorities.
 
-A value is ``never`` or a duration (DESIGN section 4). Services that do not say get their
-residency's default, chosen by the sweep in docs/benchmarks.md; pinned services are never
-evicted, so for them protect is always ``never``.
+A value is ``never`` or a duration (docs/policy.md, "``protect`` is a cost, not a lock").
+Services that do not say get their residency's default, chosen by the sweep in
+docs/benchmarks.md; pinned services are never evicted, so for them protect is always
+``never``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ProtectValue = float | Literal["never"]
 
 
 def parse_protect(value: object) -> ProtectValue:
-    """``never`` or a duration (DESIGN section 4's ``protect``)."""
+    """``never`` or a duration (``protect`` in docs/policy.md)."""
     if isinstance(value, str) and value.strip().lower() == "never":
         return NEVER
     try:
@@ -30,7 +31,7 @@ def parse_protect(value: object) -> ProtectValue:
 
 
 # How long an idle instance keeps its memory against lower priorities, by residency,
-# when a service does not say (DESIGN section 4; the choice is explained in
+# when a service does not say (docs/policy.md; the choice is explained in
 # docs/benchmarks.md). Pinned services are never evicted, so they have no entry.
 DEFAULT_PROTECT_S: dict[Residency, float] = {
     Residency.WARM: 600.0,

@@ -1,12 +1,12 @@
-"""Which client routes a service answers, and where its runtime answers each (DESIGN 3).
+"""Which client routes a service answers, and where its runtime answers each.
 
 A client calls an OpenAI- or Anthropic-style route (``/v1/chat/completions``,
 ``/v1/messages``, ...). Each service kind serves a set of them (``ROUTES_BY_KIND``); a
 runtime may answer one at another path (text-embeddings-inference reranks at
 ``/rerank``, whisper.cpp's server transcribes at ``/inference``), and a service may
 serve routes beyond its kind's (a chat runtime started with ``--embeddings``) or not
-serve some of them. The policy's ``routes:`` key says so per service; the adapters'
-defaults below fill in what it does not say.
+serve some of them. The policy's ``routes:`` key says so per service (docs/policy.md,
+"Route maps"); the adapters' defaults below fill in what it does not say.
 
 A service's route table maps every client route it serves to the runtime path the
 request goes to. ``route_table`` builds it: the kind's routes to themselves, then the

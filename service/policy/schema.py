@@ -179,7 +179,8 @@ class Service(_Strict):
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     gpus: list[GpuIndex] | None = None
-    # One instance on this many devices at once (tensor or layer split), DESIGN section 3.
+    # One instance on this many devices at once (tensor or layer split): docs/policy.md,
+    # "Multi-GPU placement".
     span: Annotated[StrictInt, Field(ge=1, le=64)] = 1
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0

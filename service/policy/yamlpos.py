@@ -1,10 +1,11 @@
 """YAML to plain Python, remembering where every key and value stood in the text.
 
-Policy errors must name the YAML line and column of the offending key (DESIGN section 3),
-but PyYAML's ``safe_load`` throws positions away. This module composes the node tree
-itself and returns the data together with a ``Positions`` map from key paths such as
-``("services", "chat", "memory", "cap")`` to 1-based ``(line, col)`` of the value and of
-the key. Duplicate keys, which ``safe_load`` silently collapses, are reported as errors.
+Policy errors must name the YAML line and column of the offending key (docs/policy.md,
+"Error messages"), but PyYAML's ``safe_load`` throws positions away. This module composes
+the node tree itself and returns the data together with a ``Positions`` map from key paths
+such as ``("services", "chat", "memory", "cap")`` to 1-based ``(line, col)`` of the value
+and of the key. Duplicate keys, which ``safe_load`` silently collapses, are reported as
+errors.
 """
 
 from __future__ import annotations

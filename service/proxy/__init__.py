@@ -1,6 +1,7 @@
 """Forwarding one leased request to one runtime, in the client's dialect.
 
 forward.py   ProxyResponse: lease, send (again if never sent), relay the answer
+request.py   ClientRequest, ProxyConfig, Translator: what a router hands the proxy
 watchers.py  around one exchange: client hang-up, runtime silence, delayed ACKs
 dialects.py  the client's API dialect (OpenAI, Responses, Anthropic, Ollama): errors
 """

@@ -1,4 +1,4 @@
-"""How vramd's own errors are worded for each client API (DESIGN section 6).
+"""How vramd's own errors are worded for each client API (docs/api.md, "Errors").
 
 Clients parse errors in their API's shape, and the statuses stay the same whatever the
 shape (a full queue is a 429 for every client):

@@ -54,10 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from starlette.background import BackgroundTask
@@ -66,22 +63,15 @@ from starlette.types import Receive, Scope, Send
 
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.live.leases import Lease, LeaseProvider, Outcome
-from service.policy import ServerConfig
-from service.proxy.dialects import OPENAI, Dialect
+from service.proxy.request import ClientRequest, ProxyConfig, new_request_id
 from service.proxy.watchers import Acker, DisconnectWatch, Silence
 
 log = logging.getLogger("vramd.proxy")
 
-MIB = 1024 * 1024
 ERROR_TEXT_LIMIT = 4096  # of an upstream error body, handed to release() for diagnosis
 # A request whose connection the runtime refused never reached it (the runtime had just
 # died): it is asked for again after each pause, then answered 502 if still refused.
 NOT_SENT_PAUSES_S = (0.1, 0.4)
-
-# Request headers worth passing on. Everything else stays here: Authorization holds the
-# client's vramd key, Host and Content-Length are recomputed, cookies mean nothing to a
-# runtime.
-FORWARDED_REQUEST_HEADERS = ("content-type", "accept")
 
 # Response headers not passed back: hop-by-hop ones (RFC 9110 section 7.6.1), the ones
 # recomputed because the body is re-framed and decoded, and the ones the server adds.
@@ -90,106 +80,6 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
     b"trailer trailers transfer-encoding upgrade content-length content-encoding date "
     b"server".split()
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyConfig:
-    """Body limits and upstream timeouts (seconds), built once from the policy.
-
-    ``first_byte_timeout`` runs from sending the request to the runtime's response
-    headers; a non-streaming generation answers only when it is done, so it is long.
-    ``read_timeout`` is the longest silence allowed once the answer has begun: a stream
-    that stalls this long is ended with a ``runtime_timeout`` error event.
-    """
-
-    max_json_body: int = 4 * MIB
-    max_upload_body: int = 64 * MIB
-    connect_timeout: float = 10.0
-    first_byte_timeout: float = 600.0
-    read_timeout: float = 300.0
-    write_timeout: float = 60.0
-    upstream_timeout: httpx.Timeout = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # httpx's own read timeout is only a backstop: the two above are enforced with
-        # asyncio.timeout, since httpx applies one read timeout to every socket read.
-        backstop = max(self.first_byte_timeout, self.read_timeout)
-        timeout = httpx.Timeout(
-            connect=self.connect_timeout,
-            read=backstop,
-            write=self.write_timeout,
-            pool=self.connect_timeout,
-        )
-        object.__setattr__(self, "upstream_timeout", timeout)
-
-    @classmethod
-    def from_server(cls, server: ServerConfig, **timeouts: float) -> ProxyConfig:
-        """The policy's ``server.max_json_body`` / ``max_upload_body``, plus timeouts."""
-        settings: dict[str, float] = {
-            "first_byte_timeout": server.request_timeout,
-            "read_timeout": server.stream_idle_timeout,
-            **timeouts,
-        }
-        return cls(
-            max_json_body=server.max_json_body,
-            max_upload_body=server.max_upload_body,
-            **settings,
-        )
-
-
-class Translator(Protocol):
-    """Turns a runtime's answer into another API's (the Ollama listener's).
-
-    ``leased`` hears how long the request waited for its lease; ``whole`` gets every
-    answer read whole (JSON, and every error), ``events`` each run of complete SSE events
-    as it arrives, ``end`` is called once after the last event.
-    """
-
-    content_type: bytes  # of a translated stream
-
-    def leased(self, queue_ms: float, cold_start: bool) -> None: ...
-
-    def whole(self, status: int, body: bytes) -> tuple[int, bytes]: ...
-
-    def events(self, data: bytes) -> bytes: ...
-
-    def end(self) -> bytes: ...
-
-
-def _same_body(name: str) -> bytes:
-    raise AssertionError(f"this request has no model to rewrite (asked for {name!r})")
-
-
-@dataclass(frozen=True, slots=True)
-class ClientRequest:
-    """A client's request as the router hands it over: checked, its service found."""
-
-    path: str  # the runtime's path, query string included
-    body: bytes  # the client's bytes, forwarded untouched unless the model is rewritten
-    headers: tuple[tuple[str, str], ...]  # the subset in FORWARDED_REQUEST_HEADERS
-    model: str | None = None  # None: passed through whatever it names (/upstream)
-    with_model: Callable[[str], bytes] = _same_body  # the body with its model replaced
-    # Size, max_tokens, prompt length, image size: kept by the orchestrator for incidents.
-    shape: Mapping[str, Any] = field(default_factory=dict)
-    method: str = "POST"
-    dialect: Dialect = OPENAI  # how vramd's own errors are worded for this client
-    translator: Translator | None = None
-    reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the client's answer
-
-    def body_for(self, upstream_model: str | None) -> bytes:
-        if upstream_model is None or self.model is None or upstream_model == self.model:
-            return self.body
-        return self.with_model(upstream_model)
-
-
-def forwarded_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    # identity: compressing on loopback only costs the runtime and the proxy CPU.
-    kept = [(name, value) for name in FORWARDED_REQUEST_HEADERS if (value := headers.get(name))]
-    return (*kept, ("accept-encoding", "identity"))
-
-
-def new_request_id() -> str:
-    return "req-" + secrets.token_hex(8)
 
 
 class UpstreamBroken(Exception):

@@ -3,6 +3,23 @@
 Nothing in this package does I/O, awaits, logs or reads a clock: every call is given the
 time. The orchestrator feeds it real events and carries out the actions; the bench
 simulator drives the same class on a virtual clock.
+
+core.py       Scheduler: handle(event, now) records the event, runs a pass, returns actions
+events.py     the events that flow in: RequestArrived, InstanceReady, MemorySampled, Tick ...
+actions.py    the actions that flow out: Start, Stop, StopSleeper, Grant, Reject, Note, Resolve
+pump.py       Pump and the Effects protocol: events in one at a time, each action carried out
+planner.py    run_pass: the scheduling pass after every event (drains, restarts, grants, loads)
+book.py       Book: the one owner of decision state; each move appends its action
+state.py      ServiceState, Waiter, Plan: one service's logical instance, queue, waiting load
+rules.py      ServiceRule, DeviceRule, Learned, rules_from_policy: the policy narrowed to values
+ledger.py     Ledger, budget_of, available_of: how many bytes each device can still hand out
+admission.py  decide: place a load, plan evictions for it, make it wait, or refuse it
+eviction.py   Resident, choose_victims: the cheapest set of victims that covers a deficit
+yielding.py   may_evict, holder_yield: who may evict whom now, and when a holder yields
+habits.py     Habits: a service's idle gaps, request rate and service time, from its traffic
+operators.py  answer_operators: the outcome of an operator's load, unload or restart
+explain.py    explain, Explanation: what loading a service now would do, changing nothing
+reasons.py    the words of waits and refusals an operator or a client sees
 """
 
 from service.domain import DeviceReading

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Reject codes: the API contract's error codes (DESIGN section 6) that the scheduler uses.
+# Reject codes: the API's error codes (docs/api.md, "Errors") that the scheduler uses.
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 INSUFFICIENT_CAPACITY = "insufficient_capacity"

@@ -2,7 +2,7 @@
 
 ``decide`` is a pure function of one service's need, a snapshot of its candidate devices
 (``Room``) and the time; the scheduler core applies the answer, and ``explain`` gives
-the same answer without applying it. It follows DESIGN section 4:
+the same answer without applying it. It follows docs/operations.md, "How vramd decides":
 
 1. If, on every candidate device, the need exceeds what the device could offer once
    every instance that is not pinned were gone (its budget less the pinned charges),

@@ -1,4 +1,6 @@
-"""The scheduler: events flow in, a plan flows out (DESIGN section 4).
+"""The scheduler: events flow in, a plan flows out.
+
+What it decides, in the operator's words: docs/operations.md, "How vramd decides".
 
 ``Scheduler.handle(event, now)`` records what the event says (a request queued, an
 instance ready, a sample taken...), then runs one scheduling pass (``planner``), and
@@ -36,7 +38,7 @@ Timeouts (queue, idle TTL, drain deadlines) and lapsed protections are acted on 
 next ``Tick``. A service holds at most ``max_concurrency + queue.max`` requests, in
 flight and queued together, at all times (loading and restarting included).
 
-After the pass, two more decisions (DESIGN section 2: every decision is made here):
+After the pass, two more decisions (every decision is made here):
 
 - Sleep mode: a sleepable stop that the runtime carried out as a sleep
   (``InstanceAsleep``) leaves the service stopped to admission; its next ``Start`` on
@@ -80,7 +82,7 @@ from service.scheduler.events import (
 )
 from service.scheduler.explain import Explanation, explain
 from service.scheduler.ledger import LedgerView
-from service.scheduler.operators import answer_operators
+from service.scheduler.operators import answer_operators, on_load, on_restart, on_unload
 from service.scheduler.planner import give_up_retry, run_pass, wanted_back
 from service.scheduler.reasons import (
     backoff_text,
@@ -181,11 +183,11 @@ class Scheduler:
                 if event.service in book.services:
                     book.services[event.service].learned = event.learned
             case LoadRequested():
-                self._on_load(event)
+                on_load(self._book, event)
             case UnloadRequested():
-                self._on_unload(event)
+                on_unload(self._book, event)
             case RestartRequested():
-                self._on_restart(event)
+                on_restart(self._book, event)
             case MakeRoom():
                 self._on_make_room(event)
             case ShutdownRequested():
@@ -438,64 +440,6 @@ class Scheduler:
         )
         for victim in victims:
             book.stop(victim, f"evicted to make room for {svc.name}'s retry", sleepable=True)
-
-    def _on_restart(self, event: RestartRequested) -> None:
-        # Draining or stopping, the instance is on its way out already (a restart in
-        # progress, an eviction, an unload): what comes next is a fresh instance.
-        svc = self._book.services.get(event.service)
-        if svc is not None and svc.state in (S.READY, S.STARTING) and not svc.removed:
-            svc.restart_pending = True
-            svc.restart_reason = event.reason
-            if event.ticket is not None:
-                svc.tickets[event.ticket] = "restart"
-        elif event.ticket is not None:
-            # An operator's restart of a service that is not loaded is a load.
-            self._on_load(LoadRequested(event.service, event.ticket))
-
-    def _on_load(self, event: LoadRequested) -> None:
-        book = self._book
-        svc = book.services.get(event.service)
-        if svc is None or svc.removed:
-            book.note(event.service, "ignored", f"no service named {event.service!r}")
-            return
-        if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in book.allowed_now:
-            if event.ticket is not None:
-                message = (
-                    f"{svc.name} runs only in a maintenance window that allows it; none is open"
-                )
-                book.resolve(
-                    svc, event.ticket, "window_closed", message, book.retry_window(svc.name)
-                )
-            return
-        if event.ticket is not None:
-            svc.tickets[event.ticket] = "load"
-        if svc.state is S.FAILED:
-            svc.state = S.STOPPED
-            svc.error = None
-        svc.operator_unloaded = False
-        svc.last_note = None
-        if svc.state not in (S.STARTING, S.READY):
-            svc.load_intent = "load requested"
-
-    def _on_unload(self, event: UnloadRequested) -> None:
-        book = self._book
-        svc = book.services.get(event.service)
-        if svc is None or svc.removed:
-            book.note(event.service, "ignored", f"no service named {event.service!r}")
-            return
-        svc.load_intent = None
-        svc.restart_pending = False
-        svc.wait = svc.behind = None
-        book.drop_plan(svc)
-        # Pinned means "keep it loaded"; the operator overrides that until a load. Any
-        # other service loads again for the next request, but not for those already
-        # queued: they would undo the unload the moment it completed.
-        svc.operator_unloaded = svc.rule.residency is Residency.PINNED
-        if event.ticket is not None:
-            svc.tickets[event.ticket] = "unload"
-        book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, unloaded_message(svc))
-        book.stop(svc, "unloaded by an operator")
-        book.stop_sleeper(svc, "unloaded by an operator")
 
     def _on_shutdown(self) -> None:
         """Refuse what waits, drain what runs (terminated at ``stop_timeout``), load

@@ -4,7 +4,7 @@ The orchestrator turns what happens in the real world (a request, a process beco
 healthy, a probe sample, a policy apply, a timer) into one of these values and hands it to
 ``Scheduler.handle`` with the time it happened. The bench simulator produces the same
 values on a virtual clock. Events are facts, not commands: the scheduler decides what
-they mean (DESIGN section 4).
+they mean (docs/architecture.md, "The kernel's shape").
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class PolicyChanged:
     """A policy was applied (the first one at startup).
 
     ``restart`` names services whose process changed (command, env, GPUs...): they are
-    restarted at once, drained (DESIGN section 4).
+    restarted at once, drained (docs/policy.md, "Restarts").
     """
 
     rules: Mapping[str, ServiceRule]

@@ -1,4 +1,4 @@
-"""What loading a service now would do, asked without doing it (DESIGN section 4).
+"""What loading a service now would do, asked without doing it (docs/cli.md, ``vramd explain``).
 
 ``explain`` runs the same admission the scheduling pass runs (``admission.decide`` and
 the pass's "first in line" rule) on the current books and reports the answer -- fits

@@ -1,4 +1,4 @@
-"""Budget arithmetic: how many bytes each device can still hand out (DESIGN section 4).
+"""Budget arithmetic: how many bytes each device can still hand out (docs/operations.md).
 
     budget(D)    = min(device.budget or total, total - foreign) - headroom
     charge(I)    = max(measured(I), expected peak(I))      for every resident instance I

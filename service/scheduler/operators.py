@@ -1,4 +1,4 @@
-"""Answering operators: when a load, unload or restart they asked for has its outcome.
+"""Operators' load, unload and restart: what each does, and when it has its outcome.
 
 An operator's ``vramd load``/``unload``/``restart`` carries a ticket (the event's
 ``ticket`` field). After every event the scheduler looks at the services with open
@@ -15,8 +15,11 @@ tickets and resolves each one whose outcome is now known, so the kernel never po
 
 from __future__ import annotations
 
-from service.domain import InstanceState
+from service.domain import InstanceState, Residency
+from service.scheduler import actions as act
 from service.scheduler.book import Book
+from service.scheduler.events import LoadRequested, RestartRequested, UnloadRequested
+from service.scheduler.reasons import unloaded_message
 from service.scheduler.state import ServiceState
 
 S = InstanceState
@@ -51,3 +54,61 @@ def _outcome(book: Book, svc: ServiceState, kind: str) -> tuple[str, str] | None
             return "refused", svc.error
         return "stopped", f"{svc.name} is no longer asked to load"
     return None
+
+
+def on_restart(book: Book, event: RestartRequested) -> None:
+    """An operator's restart: the instance drains and starts again (a load if none)."""
+    # Draining or stopping, the instance is on its way out already (a restart in
+    # progress, an eviction, an unload): what comes next is a fresh instance.
+    svc = book.services.get(event.service)
+    if svc is not None and svc.state in (S.READY, S.STARTING) and not svc.removed:
+        svc.restart_pending = True
+        svc.restart_reason = event.reason
+        if event.ticket is not None:
+            svc.tickets[event.ticket] = "restart"
+    elif event.ticket is not None:
+        # An operator's restart of a service that is not loaded is a load.
+        on_load(book, LoadRequested(event.service, event.ticket))
+
+
+def on_load(book: Book, event: LoadRequested) -> None:
+    """An operator's load (or a restart of what is not loaded): wanted until unloaded."""
+    svc = book.services.get(event.service)
+    if svc is None or svc.removed:
+        book.note(event.service, "ignored", f"no service named {event.service!r}")
+        return
+    if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in book.allowed_now:
+        if event.ticket is not None:
+            message = f"{svc.name} runs only in a maintenance window that allows it; none is open"
+            book.resolve(svc, event.ticket, "window_closed", message, book.retry_window(svc.name))
+        return
+    if event.ticket is not None:
+        svc.tickets[event.ticket] = "load"
+    if svc.state is S.FAILED:
+        svc.state = S.STOPPED
+        svc.error = None
+    svc.operator_unloaded = False
+    svc.last_note = None
+    if svc.state not in (S.STARTING, S.READY):
+        svc.load_intent = "load requested"
+
+
+def on_unload(book: Book, event: UnloadRequested) -> None:
+    """An operator's unload: queued requests refused, the instance and a sleeper stopped."""
+    svc = book.services.get(event.service)
+    if svc is None or svc.removed:
+        book.note(event.service, "ignored", f"no service named {event.service!r}")
+        return
+    svc.load_intent = None
+    svc.restart_pending = False
+    svc.wait = svc.behind = None
+    book.drop_plan(svc)
+    # Pinned means "keep it loaded"; the operator overrides that until a load. Any
+    # other service loads again for the next request, but not for those already
+    # queued: they would undo the unload the moment it completed.
+    svc.operator_unloaded = svc.rule.residency is Residency.PINNED
+    if event.ticket is not None:
+        svc.tickets[event.ticket] = "unload"
+    book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, unloaded_message(svc))
+    book.stop(svc, "unloaded by an operator")
+    book.stop_sleeper(svc, "unloaded by an operator")

@@ -249,7 +249,7 @@ def _needs_on(decision: Evict, need: int) -> str:
 
 
 def restart(book: Book, svc: ServiceState) -> None:
-    """A drained restart (DESIGN section 4): drain now, start again at once.
+    """A drained restart (docs/policy.md, "Restarts"): drain now, start again at once.
 
     The instance takes no new requests (they queue for the new one), its memory stays
     claimed for its own return (with itself as the only victim, its hold grows to its

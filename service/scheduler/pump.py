@@ -1,9 +1,10 @@
-"""The pump: events in, one at a time; each action handed to an ``Effects`` (DESIGN 2).
+"""The pump: events in, one at a time; each action handed to an ``Effects``.
 
 The daemon's kernel and the bench's simulated vramd run this same loop and differ only
 in their ``Effects``: the kernel's start and stop real processes and answer HTTP
 requests, the simulator's move a virtual device on a virtual clock. So every decision
-the bench measures is one the daemon would take.
+the bench measures is one the daemon would take (docs/architecture.md, "The kernel's
+shape").
 
 ``feed`` is re-entrant: an event raised while a plan is being carried out (an effect
 that reports back at once, say) is queued and handled after the current one, so the

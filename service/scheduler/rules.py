@@ -71,7 +71,8 @@ class Learned:
 
 
 def expected_peak(rule: ServiceRule, learned: Learned | None = None) -> int:
-    """``max(estimate, learned peak)``, never above the cap (DESIGN section 1).
+    """``max(estimate, learned peak)``, never above the cap (docs/operations.md, "Estimates,
+    caps and learned peaks").
 
     A learned peak above the cap is clamped because the cap is enforced (``on_cap``): an
     instance is not allowed to stay there, so admission must not plan for it.

@@ -84,7 +84,8 @@ class ServiceView:
     waiting_for_memory: bool
     restart_pending: bool
     error: str | None
-    # What a waiting load waits for, in words and per holder (DESIGN section 4, step 4).
+    # What a waiting load waits for, in words and per holder (docs/operations.md, "How
+    # vramd decides", step 4).
     waiting_for: str | None = None
     wait_holders: tuple[dict[str, object], ...] = ()
     # The victims a planned load waits for (already told to stop).

@@ -15,6 +15,7 @@ all seen through NVML's own calls. Its parts::
                 and CUDA_DEVICE_ORDER, allocations that fail with out-of-memory
     nvml.py     the pynvml surface NvmlProbe calls, with pynvml's own error classes
     cli.py      python -m service.simgpu init | hold | fail | show
+    __main__.py ``python -m service.simgpu``: cli.main
 """
 
 from service.simgpu.cuda import CudaError, CudaProcess, NoDevice, OutOfMemory, visible_devices

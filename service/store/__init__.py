@@ -14,6 +14,17 @@ Usage::
     store.close()
 
 Schema changes go through Alembic revisions in the top-level ``migrations/`` directory.
+
+engine.py           Store, open_store: the engine, migrations at startup, clear StoreErrors
+lock.py             DatabaseLock: one daemon per database, by a flock beside the file
+models.py           the SQLAlchemy models: rules, history and measurement tables
+writer.py           StoreWriter: the one writer thread, so SQLite stays off the event loop
+policy_records.py   persist_policy: a validated policy stored as a version, its rules as rows
+queries.py          every query function in one namespace (from service.store import queries)
+queries_policy.py   policy versions, the active service rules, maintenance windows
+queries_history.py  instances, events, maintenance runs, incidents
+queries_samples.py  device and instance memory samples, and their downsampling
+queries_stats.py    learned figures and counters per service
 """
 
 from __future__ import annotations

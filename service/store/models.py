@@ -1,4 +1,4 @@
-"""The SQLite schema as typed SQLAlchemy models (DESIGN section 8).
+"""The SQLite schema as typed SQLAlchemy models.
 
 Three kinds of table live here:
 
@@ -198,7 +198,8 @@ class MaintenanceRun(Base):
 
 
 class Incident(Base):
-    """An out-of-memory failure with the evidence needed to diagnose it (DESIGN section 5)."""
+    """An out-of-memory failure with the evidence needed to diagnose it (docs/operations.md,
+    "Fragmentation versus capacity")."""
 
     __tablename__ = "incidents"
 

@@ -1,8 +1,9 @@
 """Storing a validated policy: its full text as a version, and its rules normalized.
 
-DESIGN section 8: the rules the daemon runs by live in SQLite, one row per service and
-per maintenance window, so they can be queried and survive restarts; the YAML text is
-kept whole beside them so any version can be shown or rolled back to.
+The rules the daemon runs by live in SQLite, one row per service and per maintenance
+window, so they can be queried and survive restarts; the YAML text is kept whole beside
+them so any version can be shown or rolled back to (docs/policy.md, "Applying a changed
+policy").
 """
 
 from __future__ import annotations

@@ -257,8 +257,9 @@ def record_incident(
 ) -> int:
     """Record an out-of-memory failure (``kind``: "load" or "request"); returns its id.
 
-    ``data`` carries the evidence of DESIGN section 5: device figures, each instance's
-    footprint, the largest recent request and the events before the failure.
+    ``data`` carries the evidence docs/operations.md lists ("Fragmentation versus
+    capacity"): device figures, each instance's footprint, the largest recent request and
+    the events before the failure.
     """
     incident = Incident(
         ts=ts, service=service, kind=kind, summary=summary, data=data, verdict=verdict

@@ -1,9 +1,9 @@
 """The rules the daemon runs by: policy versions, service rows, maintenance windows.
 
-Applying a policy is one transaction (DESIGN section 3): ``store_policy_version`` then
-``replace_active_rules`` in the same session, so a failure leaves the previous version
-and its rules in place. Windows created through the API live in the same table with
-``origin="api"`` and are never touched by a policy apply.
+Applying a policy is one transaction (docs/policy.md, "Applying a changed policy"):
+``store_policy_version`` then ``replace_active_rules`` in the same session, so a failure
+leaves the previous version and its rules in place. Windows created through the API live
+in the same table with ``origin="api"`` and are never touched by a policy apply.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Memory samples: bulk writes, reads for the memory views, and downsampling.
 
-Retention (DESIGN section 5): one row a second for the last hour, one a minute for a
-week. ``downsample`` folds each whole minute of fine rows into one coarse row holding the
-worst case of the minute (the peak of what was used, the trough of what was free), since
-diagnosis asks "did it ever get that high", not "what was the average".
+Retention (docs/api.md, ``GET /api/services/{name}/memory``): one row a second for the
+last hour, one a minute for a week. ``downsample`` folds each whole minute of fine rows
+into one coarse row holding the worst case of the minute (the peak of what was used, the
+trough of what was free), since diagnosis asks "did it ever get that high", not "what was
+the average".
 """
 
 from __future__ import annotations

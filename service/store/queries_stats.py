@@ -1,7 +1,8 @@
 """Per-service learned figures and counters, kept across policy changes and restarts.
 
-The learned peak and load time feed admission (DESIGN section 4); the counters and flags
-are what ``vramd ps`` and ``GET /api/services`` report.
+The learned peak and load time feed admission (docs/operations.md, "Estimates, caps and
+learned peaks"); the counters and flags are what ``vramd ps`` and ``GET /api/services``
+report.
 """
 
 from __future__ import annotations

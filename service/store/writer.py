@@ -1,9 +1,10 @@
 """The store's one writer: a queue and one thread, so SQLite stays off the event loop.
 
-DESIGN section 2: a locked or slow database delays records, never requests, and loses
-none of them. Producers (the event loop, the watchdog's thread) put a write on a queue
-and go on at once; one thread drains the queue and commits what it finds in one
-transaction. The model is the standard library's ``QueueHandler`` / ``QueueListener``::
+A locked or slow database delays records, never requests, and loses none of them
+(docs/operations.md, "The database while serving"). Producers (the event loop, the
+watchdog's thread) put a write on a queue and go on at once; one thread drains the queue
+and commits what it finds in one transaction. The model is the standard library's
+``QueueHandler`` / ``QueueListener``::
 
     writer = StoreWriter(store)
     writer.start()

@@ -1,4 +1,4 @@
-"""The supervisor: one runtime instance = one child process group (DESIGN section 2).
+"""The supervisor: one runtime instance = one child process group (docs/architecture.md).
 
 Modules::
 

@@ -1,10 +1,10 @@
 """A bounded ring of a runtime's output lines.
 
 Runtimes can be chatty (llama.cpp logs every request) and run for weeks, so their output
-is kept in a fixed-size ring per instance (DESIGN section 9): enough to show an operator
-the recent past through ``/api/services/{name}/logs`` and to explain a failed start, never
-enough to grow the daemon's memory. One overlong line (a progress bar redrawn with
-``\\r`` for minutes, a dumped tensor) is cut, not kept whole.
+is kept in a fixed-size ring per instance (docs/operations.md, "Security defaults"):
+enough to show an operator the recent past through ``/api/services/{name}/logs`` and to
+explain a failed start, never enough to grow the daemon's memory. One overlong line (a
+progress bar redrawn with ``\\r`` for minutes, a dumped tensor) is cut, not kept whole.
 
 Each line carries a sequence number that keeps counting across evictions, so a caller can
 ask for "stderr since this process was spawned" and not blame a new process for the

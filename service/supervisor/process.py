@@ -16,7 +16,8 @@ runtime's exit (and a crash) for as long as it lives. Here the exit is seen when
 leader exits, output arrives through callbacks (no reader tasks to leak, no 64 KiB
 ``readline`` limit), and the transport can be closed explicitly.
 
-Commands are argv lists and never go through a shell (DESIGN section 9).
+Commands are argv lists and never go through a shell (docs/operations.md, "Security
+defaults").
 """
 
 from __future__ import annotations

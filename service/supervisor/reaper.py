@@ -5,7 +5,7 @@ before the runtime counts as started. If the daemon dies without stopping them (
 OOM killer, power cut of the service manager only), those runtimes keep running and keep
 holding device memory that the new daemon would count as foreign. At startup the new
 daemon hands the records of instances that were never marked stopped to
-``reap_orphans``, which stops what is still ours (DESIGN section 8).
+``reap_orphans``, which stops what is still ours (docs/operations.md, "Security defaults").
 
 "Still ours" is decided by the start time, not the pid: pids are recycled, and killing
 whatever process now has an old pid would be worse than leaking. So:

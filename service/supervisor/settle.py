@@ -1,13 +1,13 @@
 """The memory-settle barrier: wait until a stopped runtime's memory is really free.
 
-A runtime's exit is not the moment its device memory comes back: the driver tears down
-the context after the process is gone, and an allocator may hand pages back later still.
-Starting the next runtime on the strength of the exit alone races it against that
-teardown and can fail with out-of-memory on a device that is about to have room. So the
+A runtime's exit is not the moment its device memory comes back: the driver tears down the
+context after the process is gone, and an allocator may hand pages back later still.
+Starting the next runtime on the strength of the exit alone races it against that teardown
+and can fail with out-of-memory on a device that is about to have room. So the
 orchestrator starts a replacement only after the probe shows the memory released
-(DESIGN section 4, step 4), and gives up waiting after a timeout: the probe may never
-agree (a foreign process took the memory), and then the caller records an event and lets
-admission decide again with fresh numbers.
+(docs/operations.md, "The settle barrier"), and gives up waiting after a timeout: the
+probe may never agree (a foreign process took the memory), and then the caller records an
+event and lets admission decide again with fresh numbers.
 """
 
 from __future__ import annotations

@@ -371,7 +371,8 @@ function updateRow(r, s) {
   const badge = el("span", { class: `badge state-${s.state}`, text: s.state });
   const stateParts = [badge];
   if (s.waiting_for) {
-    // What the load waits for, per DESIGN section 4: who holds the memory and until when.
+    // What the load waits for (docs/operations.md, "How vramd decides", step 4): who holds
+    // the memory and until when.
     const text = s.waiting_for.replace(`${s.name} `, "");
     stateParts.push(el("span", { class: "sub waiting", title: s.waiting_for, text }));
   } else if (s.waiting_for_memory) {

@@ -32,10 +32,16 @@ Groups and the matrix are read from ``routing.router.settings`` (the current for
 llama-swap knows nothing of memory, so each service gets a placeholder
 ``memory.estimate`` marked TODO.
 
-- ``convert``: the converter; ``keys``: the keys it knows; ``kinds``: capabilities and
-  command to ``kind``; ``routing``: groups, matrix and scheduler
-  as residency and priority; ``matrix_dsl``: set expressions; ``macros``: ``${...}``
-  expansion; ``output``: the policy text; ``text``: small helpers.
+Its parts::
+
+    convert.py     convert: the converter, one config in, the policy text out
+    keys.py        the llama-swap keys it knows, and why those with no equivalent have none
+    kinds.py       kind_of: capabilities, else the command, to a service ``kind``
+    routing.py     Routing, Placement: groups, matrix and scheduler as residency and priority
+    matrix_dsl.py  expand_sets: the matrix's set expressions, to the combinations they allow
+    macros.py      Macros: ``${...}`` definitions, expanded in order
+    output.py      ServiceOut, render: the policy text, one service block and the whole file
+    text.py        small pure helpers: slug, guess_kind, split_command, comment text
 """
 
 from __future__ import annotations
