@@ -105,6 +105,27 @@ async def test_on_demand_load_is_cold_then_warm(harness: OrchestratorHarness) ->
     assert [e["service"] for e in daemon.events(kind="load")] == ["chat"]
 
 
+@pytest.mark.parametrize(
+    ("adapter", "ready_while_loading"), [("llama.cpp", False), ("openai", True)]
+)
+async def test_readiness_is_the_adapters_word_not_any_2xx(
+    harness: OrchestratorHarness, adapter: str, ready_while_loading: bool
+) -> None:
+    """A runtime answering /health 200 {"status": "loading model"} while it loads (as early
+    llama.cpp servers did) is not ready for ``adapter: llama.cpp``: the first request waits
+    for the load and is answered. An adapter that knows nothing of it (``openai``, any
+    2xx) takes the same answer for ready, and the runtime refuses the request with 503."""
+    service = demo_service(memory_mib=20, load_seconds=1.5, adapter=adapter)
+    service["command"] = [*service["command"], "--ok-while-loading"]
+    daemon = await harness.start(policy_text({"chat": service}))
+    lease = await daemon.orchestrator.acquire("chat", request_id="first")
+    response = await lease.client.post("/v1/chat/completions", json={**CHAT, "model": "chat"})
+    daemon.orchestrator.release(lease, outcome="ok")
+    assert response.status_code == (503 if ready_while_loading else 200), response.text
+    starts = [e for e in daemon.events(kind="state") if e["data"]["to"] == "ready"]
+    assert len(starts) == 1
+
+
 # -------------------------------------------------------------------------- eviction
 
 

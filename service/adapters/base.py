@@ -33,10 +33,6 @@ from typing import Protocol
 
 from service.adapters.prometheus import parse_prometheus
 
-# Exit statuses after our SIGTERM that are not a crash: the handler's own exit(0), or the
-# default action of the signal (negative as asyncio reports it, 128+15 through a shell).
-SIGTERM_CLEAN_EXITS = frozenset({0, -15, 143})
-
 
 @dataclass(frozen=True)
 class RuntimeMetrics:
@@ -68,23 +64,8 @@ class Adapter(Protocol):
         ...
 
     @property
-    def metrics_path(self) -> str | None:
-        """Where the runtime serves Prometheus text by default; ``None``: it does not."""
-        ...
-
-    @property
     def oom_patterns(self) -> tuple[re.Pattern[str], ...]:
         """Regexes for its out-of-memory lines, in logs and in 5xx bodies alike."""
-        ...
-
-    @property
-    def clean_exit_codes(self) -> frozenset[int]:
-        """Exit codes after SIGTERM that mean a clean shutdown, not a crash."""
-        ...
-
-    @property
-    def supports_sleep(self) -> bool:
-        """Whether it can release its memory without exiting (vLLM sleep mode)."""
         ...
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
@@ -92,7 +73,7 @@ class Adapter(Protocol):
         ...
 
     def parse_metrics(self, text: str) -> RuntimeMetrics:
-        """Prometheus text from ``metrics_path`` → the figures vramd records."""
+        """Prometheus text from the service's ``metrics:`` path → the figures vramd records."""
         ...
 
 
@@ -105,10 +86,7 @@ class BaseAdapter:
 
     name: str
     health_path: str = "/health"
-    metrics_path: str | None = None
     oom_patterns: tuple[re.Pattern[str], ...] = ()
-    clean_exit_codes: frozenset[int] = SIGTERM_CLEAN_EXITS
-    supports_sleep: bool = False
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300

@@ -75,7 +75,6 @@ class GenericAdapter(BaseAdapter):
 OPENAI = GenericAdapter(
     name="openai",
     health_path="/v1/models",
-    metrics_path=None,
     oom_patterns=_unique(
         GGML_OOM_PATTERNS,
         VLLM_OOM_PATTERNS,

@@ -76,6 +76,5 @@ class LlamaCppAdapter(BaseAdapter):
 LLAMA_CPP = LlamaCppAdapter(
     name="llama.cpp",
     health_path="/health",
-    metrics_path="/metrics",
     oom_patterns=GGML_OOM_PATTERNS,
 )

@@ -3,7 +3,7 @@
 Readiness: it has no health route (``/health`` is a 404), but it loads the model before
 uvicorn binds the port, so the first answer from ``GET /v1/models`` means ready.
 
-Metrics: none in Prometheus form; ``metrics_path`` is ``None``.
+Metrics: none in Prometheus form.
 
 Out of memory: the model is loaded by the bundled llama.cpp, whose ggml lines reach the
 same stderr before Python's own "Failed to load model from file" / "Failed to create
@@ -20,6 +20,5 @@ from service.adapters.base import GGML_OOM_PATTERNS, PYTHON_HOST_OOM_PATTERNS, B
 LLAMA_CPP_PYTHON = BaseAdapter(
     name="llama-cpp-python",
     health_path="/v1/models",
-    metrics_path=None,
     oom_patterns=GGML_OOM_PATTERNS + PYTHON_HOST_OOM_PATTERNS,
 )

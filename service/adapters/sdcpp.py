@@ -5,7 +5,7 @@ port and has no ``/health`` route, so the first answer from ``GET /v1/models`` (
 ``sd-cpp-local`` entry) means ready.
 
 Metrics: its ``/metrics`` (behind ``--metrics``) is JSON and demands
-``Accept: application/json``, not Prometheus text, so ``metrics_path`` is ``None``.
+``Accept: application/json``, not Prometheus text: leave the service's ``metrics:`` unset.
 
 Out of memory: the ggml backend lines plus sd.cpp's own
 ``<model> alloc params backend buffer failed`` and ``vae: failed to allocate the compute
@@ -20,6 +20,5 @@ from service.adapters.base import GGML_OOM_PATTERNS, BaseAdapter
 SD_CPP = BaseAdapter(
     name="sd.cpp",
     health_path="/v1/models",
-    metrics_path=None,
     oom_patterns=GGML_OOM_PATTERNS,
 )

@@ -41,6 +41,5 @@ class TeiAdapter(BaseAdapter):
 TEI = TeiAdapter(
     name="tei",
     health_path="/health",
-    metrics_path="/metrics",
     oom_patterns=CANDLE_OOM_PATTERNS + TORCH_OOM_PATTERNS,
 )

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import httpx
 
 from service.adapters.base import (
-    SIGTERM_CLEAN_EXITS,
     TORCH_OOM_PATTERNS,
     BaseAdapter,
     RuntimeMetrics,
@@ -93,10 +92,7 @@ class VllmAdapter(BaseAdapter):
 VLLM = VllmAdapter(
     name="vllm",
     health_path="/health",
-    metrics_path="/metrics",
     oom_patterns=VLLM_OOM_PATTERNS,
-    clean_exit_codes=SIGTERM_CLEAN_EXITS | {-2, 130},
-    supports_sleep=True,
 )
 
 

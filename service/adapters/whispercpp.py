@@ -4,7 +4,7 @@ Readiness: ``GET /health`` answers 200 ``{"status":"ok"}`` when a model is loade
 ``{"status":"loading model"}`` while one is (at start, or after ``POST /load``), the same
 shape as llama-server's older builds, so it shares llama.cpp's judgement.
 
-Metrics: none; ``metrics_path`` is ``None``.
+Metrics: none.
 
 Out of memory: the ggml backend lines, plus whisper's own
 ``whisper_kv_cache_init: failed to allocate memory for the kv cache`` and
@@ -31,6 +31,5 @@ class WhisperCppAdapter(BaseAdapter):
 WHISPER_CPP = WhisperCppAdapter(
     name="whisper.cpp",
     health_path="/health",
-    metrics_path=None,
     oom_patterns=GGML_OOM_PATTERNS,
 )

@@ -11,6 +11,8 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
     --memory SIZE            memory to allocate and touch while loading (default 0)
     --load-seconds S         time from start until /health answers 200 (default 0)
     --never-ready            listen, but /health stays 503 forever
+    --ok-while-loading       /health answers 200 {"status": "loading model"} until loaded,
+                             as early llama.cpp servers did (inference still 503s)
     --fail-start             print a CUDA out-of-memory error to stderr and exit 1
     --ignore-sigterm         ignore SIGTERM; only SIGKILL ends the process
     --crash-after N          os._exit(3) part-way through inference request N (1-based)
@@ -76,6 +78,7 @@ class Options:
     memory: int = 0
     load_seconds: float = 0.0
     never_ready: bool = False
+    ok_while_loading: bool = False
     fail_start: bool = False
     ignore_sigterm: bool = False
     crash_after: int | None = None
@@ -130,6 +133,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--memory", type=_size, default=0)
     p.add_argument("--load-seconds", type=float, default=0.0)
     p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--ok-while-loading", action="store_true")
     p.add_argument("--fail-start", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--crash-after", type=int)

@@ -76,8 +76,12 @@ class Handler(BaseHTTPRequestHandler):
                 self._echo()
             elif path == "/health":
                 ready = self.runtime.ready.is_set()
-                status = 200 if ready else 503
-                self._send(json_reply({"status": "ok" if ready else "loading"}, status))
+                if ready:
+                    self._send(json_reply({"status": "ok"}))
+                elif self.runtime.opts.ok_while_loading:
+                    self._send(json_reply({"status": "loading model"}))
+                else:
+                    self._send(json_reply({"status": "loading"}, 503))
             elif path in ("/v1/models", "/models"):
                 data = [
                     {"id": name, "object": "model", "created": STARTED, "owned_by": "demo"}

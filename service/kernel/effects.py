@@ -231,6 +231,7 @@ class KernelEffects:
                 health_url=args.health_url,
                 startup_timeout_s=rt.spec.startup_timeout,
                 on_spawned=spawned,
+                health_ok=rt.adapter.health_ok,
             )
 
     def _runtime_totals(self, devices: tuple[int, ...]) -> tuple[int, ...]:

@@ -4,7 +4,7 @@ The lifecycle is ``domain.InstanceState``; every change goes through ``_set_stat
 which checks ``domain.TRANSITIONS`` and tells the owner (``on_state``) why. The table is
 used unchanged:
 
-    STOPPED/FAILED --start()--> STARTING --health 2xx--> READY --begin_draining()--> DRAINING
+    STOPPED/FAILED --start()--> STARTING --health ok--> READY --begin_draining()--> DRAINING
     STARTING/READY --exit, not ready in time--> BACKOFF (restart due) or FAILED (gave up)
     BACKOFF --delay passed--> STARTING        DRAINING --exit--> STOPPED (it was leaving)
     STARTING/READY/DRAINING --stop()--> STOPPING --> STOPPED (FAILED if it survives SIGKILL)
@@ -48,7 +48,15 @@ from service.supervisor.backoff import (
 )
 from service.supervisor.logs import LogRing
 from service.supervisor.process import ProcessLauncher
-from service.supervisor.run import LaunchSpec, OnSpawned, ProcessRun, RunEnd, RunResult
+from service.supervisor.run import (
+    HealthOk,
+    LaunchSpec,
+    OnSpawned,
+    ProcessRun,
+    RunEnd,
+    RunResult,
+    any_success,
+)
 
 logger = logging.getLogger("vramd.supervisor")
 
@@ -197,6 +205,7 @@ class Instance:
         health_url: str,
         startup_timeout_s: float,
         on_spawned: OnSpawned | None = None,
+        health_ok: HealthOk = any_success,
     ) -> None:
         """Start the runtime and return once it is READY; raise ``StartFailed`` if not.
 
@@ -207,7 +216,7 @@ class Instance:
         pending restart. Anything else is refused with ``IllegalTransition``.
         """
         spec = LaunchSpec(
-            tuple(argv), dict(env), cwd, port, health_url, startup_timeout_s, on_spawned
+            tuple(argv), dict(env), cwd, port, health_url, startup_timeout_s, on_spawned, health_ok
         )
         check_transition(self._state, S.STARTING)
         reason = "start requested"

@@ -2,8 +2,9 @@
 
 A ``ProcessRun`` is the only code that signals or waits for its process, so two
 coroutines never race to kill or reap the same pid. It spawns, lets the owner record the
-process (``on_spawned``), polls health until 2xx while watching for an early exit and
-the startup deadline, then watches for the exit, and carries out a stop request (SIGTERM
+process (``on_spawned``), polls health until an answer means ready (``health_ok``, the
+runtime's adapter's) while watching for an early exit and the startup deadline, then
+watches for the exit, and carries out a stop request (SIGTERM
 to the group, grace, SIGKILL, reap, SIGKILL again for members that outlived the leader).
 Every wait is a race with the process's exit, so nothing waits for a dead process.
 
@@ -31,6 +32,15 @@ from service.supervisor.process import ProcessLauncher, RuntimeProcess, SpawnErr
 logger = logging.getLogger("vramd.supervisor")
 
 OnSpawned = Callable[[RuntimeProcess], Awaitable[None]]
+# Whether one answer of the health path means ready: (status code, body) -> bool. The
+# runtime's adapter knows (llama-server answers 200 {"status": "loading model"} early).
+HealthOk = Callable[[int, bytes], bool]
+
+
+def any_success(status_code: int, body: bytes) -> bool:
+    """Ready on any 2xx: what a runtime vramd knows nothing about is taken to mean."""
+    return 200 <= status_code < 300
+
 
 # Health polling starts fast (a small runtime is up in tens of milliseconds) and slows
 # down, so a model that takes minutes to load is not hammered.
@@ -51,6 +61,7 @@ class LaunchSpec:
     health_url: str
     startup_timeout_s: float
     on_spawned: OnSpawned | None = None
+    health_ok: HealthOk = any_success
 
 
 class RunEnd(enum.Enum):
@@ -135,7 +146,7 @@ class ProcessRun:
         return await self._ended(proc, end)
 
     async def _until_ready(self, proc: RuntimeProcess) -> RunEnd | None:
-        """None once health answers 2xx; otherwise why the start ended."""
+        """None once health says ready; otherwise why the start ended."""
         if self.spec.on_spawned is not None:
             try:
                 await self.spec.on_spawned(proc)
@@ -166,9 +177,9 @@ class ProcessRun:
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 self._health = f"{type(exc).__name__}: {exc}"
             else:
-                if response.is_success:
+                if self.spec.health_ok(response.status_code, response.content):
                     return
-                self._health = str(response.status_code)
+                self._health = _not_ready(response)
             await self._clock.sleep(delay)
             delay = min(delay * 1.5, HEALTH_MAX_DELAY_S)
 
@@ -243,3 +254,11 @@ async def _first(contenders: Mapping[K, Awaitable[object]]) -> K:
                 raise exc
             return key
     raise AssertionError("asyncio.wait returned with nothing done")
+
+
+def _not_ready(response: httpx.Response) -> str:
+    """What a health answer that is not "ready" said: its status, and a 2xx's body."""
+    if not response.is_success:
+        return str(response.status_code)
+    said = response.text.strip().replace("\n", " ")
+    return f"{response.status_code} but not ready: {said[:120]}"
