@@ -335,7 +335,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon the generated requests may do anything to (load, unload, apply...)."""
     workdir = tmp_path_factory.mktemp("fuzzed")
     text = policy_yaml(_services(workdir), extra=LIMITS)
-    with no_leftovers(workdir), running_daemon(text, workdir) as daemon:
+    with no_leftovers(workdir), running_daemon(text, workdir, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         yield daemon
 
@@ -345,7 +345,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon for the hand-picked cases, which expect its services unchanged."""
     workdir = tmp_path_factory.mktemp("bad-input")
     text = policy_yaml(_services(workdir), extra=LIMITS)
-    with no_leftovers(workdir), running_daemon(text, workdir) as daemon:
+    with no_leftovers(workdir), running_daemon(text, workdir, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         yield daemon
 
@@ -803,13 +803,16 @@ def test_huge_ids_are_not_a_500(daemon: Daemon, method: str, path: str) -> None:
 def test_an_unschedulable_window_is_refused_and_cannot_stop_the_daemon(
     tmp_path: Path, window: dict[str, Any]
 ) -> None:
-    with no_leftovers(tmp_path), running_daemon(policy_yaml({}), tmp_path) as daemon:
+    with (
+        no_leftovers(tmp_path),
+        running_daemon(policy_yaml({}), tmp_path, in_thread=True) as daemon,
+    ):
         response = httpx.post(
             f"{daemon.url}/api/maintenance", json={"name": "w", **window}, timeout=30
         )
         assert_no_daemon_failure(response)
         assert response.status_code == 400
-    with no_leftovers(tmp_path), running_daemon(policy_yaml({}), tmp_path) as again:
+    with no_leftovers(tmp_path), running_daemon(policy_yaml({}), tmp_path, in_thread=True) as again:
         assert again.get("/api/maintenance").status_code == 200
 
 

@@ -72,7 +72,9 @@ def vramd(*args: str, url: str | None, **env: str) -> subprocess.CompletedProces
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(policy_yaml(services()), tmp_path_factory.mktemp("vramd")) as daemon:
+    with running_daemon(
+        policy_yaml(services()), tmp_path_factory.mktemp("vramd"), in_thread=True
+    ) as daemon:
         daemon.wait_for(lambda: daemon.service("demo")["state"] == "ready")
         yield daemon
 
@@ -322,7 +324,7 @@ def test_url_comes_from_the_environment() -> None:
 
 def test_admin_key_is_required_when_the_policy_sets_one(tmp_path: Path) -> None:
     policy = policy_yaml(services(), extra=f'server:\n  admin_keys: ["{ADMIN_KEY}"]\n')
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         without = vramd("ps", url=daemon.url)
         assert without.returncode == 1
         assert without.stderr == "vramd: the daemon requires an admin key: set VRAMD_ADMIN_KEY\n"

@@ -461,7 +461,7 @@ def test_policy_can_enable_the_listener_for_a_fresh_daemon_only(tmp_path: Path) 
 
 def test_a_route_map_applied_later_takes_effect_without_a_restart(tmp_path: Path) -> None:
     spec = svc("chat", ["m"], residency="pinned")
-    with running_daemon(policy_yaml({"chat": spec}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": spec}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         pid = daemon.service("chat")["pid"]
         body = {"model": "m", "input": "x"}

@@ -56,7 +56,7 @@ def demo_policy(*, admin_key: str | None = None) -> str:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(demo_policy(), tmp_path) as daemon:
+    with running_daemon(demo_policy(), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(
             lambda: all(daemon.service(n)["state"] == "ready" for n in ("chat", "embed"))
         )
@@ -152,7 +152,7 @@ def test_dashboard_shows_what_a_waiting_service_waits_for(
     lo.pop("preload")
     lo["queue"] = {"max": 4, "timeout": "60s"}  # hi yields only near its deadline
     policy = policy_yaml({"hi": hi, "lo": lo}, budget="450MiB")
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         request = threading.Thread(
             target=lambda: httpx.post(
@@ -179,7 +179,7 @@ def test_dashboard_shows_what_a_waiting_service_waits_for(
 
 
 def test_dashboard_asks_for_the_admin_key(chromium_path: str, tmp_path: Path) -> None:
-    with running_daemon(demo_policy(admin_key="sesame-0123"), tmp_path) as daemon:
+    with running_daemon(demo_policy(admin_key="sesame-0123"), tmp_path, in_thread=True) as daemon:
         assert daemon.get("/api/status").status_code == 401
         assert daemon.get("/").status_code == 200  # the page itself holds no data
         assert daemon.get("/metrics").status_code == 200  # scrapers cannot send keys

@@ -79,7 +79,9 @@ def test_placement_lands_on_the_gpu_with_room_and_others_memory_is_foreign(
     chat = service("8GiB", residency="pinned", memory={"estimate": "9GiB"})
     with (
         gpus.hold(0, "20GiB"),
-        running_daemon(gpus.policy({"chat": chat}), tmp_path, env=gpus.env) as daemon,
+        running_daemon(
+            gpus.policy({"chat": chat}), tmp_path, env=gpus.env, in_thread=True
+        ) as daemon,
     ):
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         assert daemon.service("chat")["device"] == 1  # GPU 0 has 3.5GiB left
@@ -111,7 +113,7 @@ def test_a_full_gpu_evicts_and_the_replacement_waits_for_the_release_lag(
         "first": service("10GiB", models=["first"]),
         "second": service("10GiB", models=["second"]),
     }
-    with running_daemon(gpus.policy(services), tmp_path, env=gpus.env) as daemon:
+    with running_daemon(gpus.policy(services), tmp_path, env=gpus.env, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("base")["state"] == "ready")
         assert ask(daemon, "first").status_code == 200  # the GPU base left free
         full = daemon.service("first")["device"]
@@ -139,7 +141,7 @@ def test_host_memory_creep_is_flagged_while_gpu_memory_stays_flat(tmp_path: Path
     gpus = simulated_gpus(tmp_path, "24GiB")
     chat = service("2GiB", "--leak-per-request", "4MiB", residency="pinned")
     policy = gpus.policy({"chat": chat}, sample_interval="0.1s")
-    with running_daemon(policy, tmp_path, env=gpus.env | FAST_CREEP) as daemon:
+    with running_daemon(policy, tmp_path, env=gpus.env | FAST_CREEP, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["footprint_bytes"] > 0)
         host_before = daemon.service("chat")["host_bytes"]
         for _ in range(80):
@@ -165,7 +167,7 @@ def test_out_of_memory_with_free_memory_is_retried_and_diagnosed_fragmentation(
         "other": service("6GiB", models=["other"]),
         "big": service("6GiB", models=["big"], restart=retry),
     }
-    with running_daemon(gpus.policy(services), tmp_path, env=gpus.env) as daemon:
+    with running_daemon(gpus.policy(services), tmp_path, env=gpus.env, in_thread=True) as daemon:
         assert ask(daemon, "other").status_code == 200
         # Its load fails, evicts what it may and is tried again: the request is served.
         assert ask(daemon, "big").status_code == 200

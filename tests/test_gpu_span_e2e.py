@@ -62,7 +62,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         cwd=REPO_ROOT,
     )
     env = {"VRAMD_SIMULATED_GPUS": str(state)}
-    with running_daemon(policy(), workdir, env=env) as d:
+    with running_daemon(policy(), workdir, env=env, in_thread=True) as d:
         d.wait_for(lambda: len(d.get("/api/status").json()["devices"]) == 2)
         yield d
 

@@ -39,7 +39,9 @@ def ready(daemon: Daemon) -> bool:
 
 
 def test_manual_run_restarts_the_named_service_and_closes(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}, extra=WINDOWS), tmp_path) as daemon:
+    with running_daemon(
+        policy_yaml({"chat": CHAT}, extra=WINDOWS), tmp_path, in_thread=True
+    ) as daemon:
         daemon.wait_for(lambda: ready(daemon))
         pid = daemon.service("chat")["pid"]
         listed = daemon.get("/api/maintenance").json()["windows"]
@@ -59,7 +61,7 @@ def test_manual_run_restarts_the_named_service_and_closes(tmp_path: Path) -> Non
 
 
 def test_one_off_window_is_stored_and_survives_restart(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon))
         response = daemon.post(
             "/api/maintenance",
@@ -90,7 +92,7 @@ def test_one_off_window_is_stored_and_survives_restart(tmp_path: Path) -> None:
 
 
 def test_one_off_window_now_restarts_at_once(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon))
         pid = daemon.service("chat")["pid"]
         response = daemon.post(

@@ -154,7 +154,9 @@ def test_plateau_after_warm_up_is_not_flagged(tmp_path: Path) -> None:
 
 def test_oom_with_free_memory_is_fragmentation_and_leaves_an_incident(tmp_path: Path) -> None:
     with running_daemon(
-        policy_yaml({"chat": chat("30MiB", "--oom-after", "3")}, budget="900MiB"), tmp_path
+        policy_yaml({"chat": chat("30MiB", "--oom-after", "3")}, budget="900MiB"),
+        tmp_path,
+        in_thread=True,
     ) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         serve(daemon, 2)
@@ -180,6 +182,7 @@ def test_over_cap_runtime_is_restarted(tmp_path: Path, backend: Backend) -> None
         backend.policy({"chat": spec}, budget="900MiB", sample_interval="0.1s"),
         tmp_path,
         env=backend.env,
+        in_thread=True,
     ) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         pid = daemon.service("chat")["pid"]
@@ -200,7 +203,9 @@ maintenance:
   windows:
     - {name: batch-time, cron: "0 2 * * *", duration: 3s, restart: none, allow: [batch]}
 """
-    with running_daemon(policy_yaml({"batch": batch}, extra=extra), tmp_path) as daemon:
+    with running_daemon(
+        policy_yaml({"batch": batch}, extra=extra), tmp_path, in_thread=True
+    ) as daemon:
         body = {"model": "b", "input": "x"}
         closed = httpx.post(f"{daemon.url}/v1/embeddings", json=body, timeout=30)
         assert closed.status_code == 503 and closed.json()["error"]["code"] == "window_closed"
@@ -223,12 +228,12 @@ def test_learned_peak_survives_restart_and_changes_admission(tmp_path: Path) -> 
         ),
     }
     policy = policy_yaml(services, budget="250MiB", sample_interval="0.1s")
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         serve(daemon, 1, model="other")
         serve(daemon, 1, model="liar")  # admitted at its 40MiB estimate beside "other"
         assert not daemon.events(kind="evict")
         daemon.wait_for(lambda: (daemon.service("liar")["learned_peak_bytes"] or 0) > 140 * MiB)
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         liar = daemon.service("liar")
         assert liar["learned_peak_bytes"] > 140 * MiB
         assert liar["expected_peak_bytes"] == liar["learned_peak_bytes"]
@@ -249,7 +254,9 @@ def test_out_of_memory_load_is_retried_then_called_capacity(
         spec = backend.chat("20MiB", "--fail-start", **keys)
     else:
         spec = backend.chat("8GiB", **keys)  # twice the GPU, estimated at 100MiB
-    with running_daemon(backend.policy({"chat": spec}), tmp_path, env=backend.env) as daemon:
+    with running_daemon(
+        backend.policy({"chat": spec}), tmp_path, env=backend.env, in_thread=True
+    ) as daemon:
         response = ask(daemon)
         assert response.status_code == 502
         daemon.wait_for(lambda: bool(daemon.events(kind="verdict")))
@@ -261,7 +268,7 @@ def test_out_of_memory_load_is_retried_then_called_capacity(
 
 def test_memory_endpoint_serves_samples(tmp_path: Path) -> None:
     with running_daemon(
-        policy_yaml({"chat": chat("30MiB")}, sample_interval="0.1s"), tmp_path
+        policy_yaml({"chat": chat("30MiB")}, sample_interval="0.1s"), tmp_path, in_thread=True
     ) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         daemon.wait_for(lambda: len(daemon.get("/api/services/chat/memory").json()["samples"]) > 3)

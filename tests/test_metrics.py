@@ -245,7 +245,7 @@ SERVICES = {
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     workdir: Path = tmp_path_factory.mktemp("metrics")
-    with running_daemon(policy_yaml(SERVICES), workdir) as daemon:
+    with running_daemon(policy_yaml(SERVICES), workdir, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
         daemon.wait_for(lambda: daemon.service("chat")["footprint_bytes"] > 20 * MiB)
         yield daemon
@@ -293,7 +293,7 @@ def test_daemon_state_set_has_one_current_state(daemon: Daemon) -> None:
 @pytest.mark.slow
 def test_metrics_needs_no_admin_key(tmp_path: Path) -> None:
     extra = "server:\n  admin_keys: [k-admin-0123]\n"
-    with running_daemon(policy_yaml(SERVICES, extra=extra), tmp_path) as daemon:
+    with running_daemon(policy_yaml(SERVICES, extra=extra), tmp_path, in_thread=True) as daemon:
         assert daemon.get("/api/status").status_code == 401
         assert "vramd_device_total_bytes" in scrape_daemon(daemon)
 

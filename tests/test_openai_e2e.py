@@ -85,7 +85,9 @@ maintenance:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     workdir: Path = tmp_path_factory.mktemp("openai-e2e")
-    with running_daemon(policy_yaml(SERVICES, budget="700MiB", extra=EXTRA), workdir) as d:
+    with running_daemon(
+        policy_yaml(SERVICES, budget="700MiB", extra=EXTRA), workdir, in_thread=True
+    ) as d:
         d.wait_for(lambda: d.service("chat")["state"] == "ready")
         yield d
 

@@ -50,7 +50,7 @@ def apply(daemon: Daemon, text: str, **params: str) -> dict[str, object]:
 
 def test_priority_change_applies_in_place_and_rolls_back(tmp_path: Path) -> None:
     original = policy_yaml({"chat": CHAT})
-    with running_daemon(original, tmp_path) as daemon:
+    with running_daemon(original, tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon, "chat"))
         pid = daemon.service("chat")["pid"]
         v1 = daemon.get("/api/policy").json()["version"]
@@ -82,7 +82,7 @@ def test_priority_change_applies_in_place_and_rolls_back(tmp_path: Path) -> None
 
 
 def test_invalid_policy_is_rejected_whole(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon, "chat"))
         before = daemon.get("/api/policy").json()
         bad = policy_yaml(
@@ -99,7 +99,7 @@ def test_invalid_policy_is_rejected_whole(tmp_path: Path) -> None:
 
 
 def test_added_removed_and_changed_services(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon, "chat"))
         old_pid = daemon.service("chat")["pid"]
         # Add a pinned service and change chat's command: embed starts, chat restarts.
@@ -148,7 +148,7 @@ def test_keys_cannot_be_removed_while_listening_beyond_loopback(tmp_path: Path) 
 
 
 def test_a_window_named_like_an_api_window_is_a_422_not_a_500(tmp_path: Path) -> None:
-    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         made = daemon.post(
             "/api/maintenance",
             json={"name": "fix", "start": "2031-01-01T00:00:00Z", "duration": "1m"},

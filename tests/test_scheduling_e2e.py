@@ -116,7 +116,7 @@ LO = service(
 def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_lapses(
     tmp_path: Path, box: Box
 ) -> None:
-    with running_daemon(box.two_services(HI, LO), tmp_path, env=box.env) as daemon:
+    with running_daemon(box.two_services(HI, LO), tmp_path, env=box.env, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         assert ask(daemon, "hi").status_code == 200  # hi used now: protected for 3 s
         explained = daemon.get("/api/services/lo/admission").json()
@@ -144,7 +144,7 @@ def test_a_request_that_outwaits_its_queue_timeout_names_the_holder(
 ) -> None:
     hi = {**HI, "protect": "10m"}
     lo = {**LO, "queue": {"max": 4, "timeout": "1s"}}
-    with running_daemon(box.two_services(hi, lo), tmp_path, env=box.env) as daemon:
+    with running_daemon(box.two_services(hi, lo), tmp_path, env=box.env, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         response = ask(daemon, "lo")
         assert response.status_code == 503
@@ -159,7 +159,7 @@ def test_a_request_that_outwaits_its_queue_timeout_names_the_holder(
 def test_vramd_explain_and_ps_say_what_a_waiting_service_waits_for(tmp_path: Path) -> None:
     hi = {**HI, "protect": "10m"}
     lo = {**LO, "queue": {"max": 4, "timeout": "3s"}}
-    with running_daemon(two_services(hi, lo), tmp_path) as daemon:
+    with running_daemon(two_services(hi, lo), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
 
         def vramd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -220,7 +220,7 @@ def test_a_lower_priority_is_served_in_time_though_the_higher_one_is_used_every_
     10 s until learned - a margin), and takes its memory back after."""
     hi = {**HI, "protect": "10m"}
     lo = {**LO, "queue": {"max": 4, "timeout": "20s"}}
-    with running_daemon(box.two_services(hi, lo), tmp_path, env=box.env) as daemon:
+    with running_daemon(box.two_services(hi, lo), tmp_path, env=box.env, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         stop, codes = keep_asking(daemon, "hi", every=1.0)
         try:
@@ -243,7 +243,7 @@ def test_a_lower_priority_is_served_in_time_though_the_higher_one_is_used_every_
 def test_protect_never_keeps_the_strict_rule_and_the_503_says_so(tmp_path: Path) -> None:
     hi = {**HI, "protect": "never"}
     lo = {**LO, "queue": {"max": 4, "timeout": "2s"}}
-    with running_daemon(two_services(hi, lo), tmp_path) as daemon:
+    with running_daemon(two_services(hi, lo), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("hi")["state"] == "ready")
         response = ask(daemon, "lo")
         assert response.status_code == 503
@@ -296,7 +296,7 @@ def test_the_demo_policy_answers_every_model_in_any_order_within_its_timeout(
     timeouts["demo-chat"] = 60
     if box.gpus is not None:
         box = Box(simulated_gpus(tmp_path, "1536MiB", release_lag=0.2))
-    with running_daemon(demo_policy(box), tmp_path, env=box.env) as daemon:
+    with running_daemon(demo_policy(box), tmp_path, env=box.env, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready", timeout=60)
         order = ["demo-image", "demo-whisper", "demo-image", "demo-tts", "demo-embed"]
         for model in [*order, "demo-chat", "demo-whisper"]:
@@ -324,7 +324,7 @@ def test_an_over_cap_runtime_under_steady_traffic_is_restarted_without_a_failed_
         queue={"max": 16, "timeout": "60s"},
     )
     policy = policy_yaml({"leaky": spec}, budget="1500MiB", sample_interval="0.1s")
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("leaky")["state"] == "ready")
         first_pid = daemon.service("leaky")["pid"]
         statuses: Counter[int] = Counter()
@@ -385,7 +385,7 @@ def test_on_cap_stop_stops_and_on_cap_warn_only_flags(tmp_path: Path, on_cap: st
         preload=True,
     )
     policy = policy_yaml({"leaky": spec}, budget="900MiB", sample_interval="0.1s")
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("leaky")["state"] == "ready")
         pid = daemon.service("leaky")["pid"]
         for _ in range(4):
@@ -412,7 +412,9 @@ maintenance:
   windows:
     - {name: nightly, cron: "30 3 * * *", duration: 2s, restart: [svc]}
 """
-    with running_daemon(policy_yaml({"svc": spec}, extra=windows), tmp_path) as daemon:
+    with running_daemon(
+        policy_yaml({"svc": spec}, extra=windows), tmp_path, in_thread=True
+    ) as daemon:
         daemon.wait_for(lambda: daemon.service("svc")["state"] == "ready")
         pid = daemon.service("svc")["pid"]
         assert daemon.post("/api/maintenance/nightly/run").status_code == 200
@@ -426,7 +428,7 @@ def test_an_operator_restart_is_drained_and_the_request_in_flight_finishes(
     tmp_path: Path,
 ) -> None:
     spec = service("30MiB", "--latency-ms", "1500", models=["m"], residency="warm", preload=True)
-    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: daemon.service("svc")["state"] == "ready")
         pid = daemon.service("svc")["pid"]
         thread, box = in_background(ask, daemon, "m")
@@ -448,7 +450,7 @@ def test_a_service_accepts_as_many_requests_cold_as_warm(tmp_path: Path, warm: b
         max_concurrency=1,
         queue={"max": 2, "timeout": "60s"},
     )
-    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path, in_thread=True) as daemon:
         if warm:
             assert ask(daemon, "m").status_code == 200
         with ThreadPoolExecutor(6) as pool:
@@ -458,7 +460,7 @@ def test_a_service_accepts_as_many_requests_cold_as_warm(tmp_path: Path, warm: b
 
 def test_queue_max_zero_still_loads_a_cold_service(tmp_path: Path) -> None:
     spec = service("20MiB", models=["m"], max_concurrency=2, queue={"max": 0, "timeout": "30s"})
-    with running_daemon(policy_yaml({"svc": spec}), tmp_path) as daemon:
+    with running_daemon(policy_yaml({"svc": spec}), tmp_path, in_thread=True) as daemon:
         with ThreadPoolExecutor(2) as pool:
             codes = [r.status_code for r in pool.map(lambda _: ask(daemon, "m"), range(2))]
         assert codes == [200, 200]

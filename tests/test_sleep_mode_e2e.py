@@ -43,7 +43,7 @@ def test_eviction_sleeps_and_a_request_wakes(tmp_path: Path) -> None:
     policy = policy_yaml(
         {"a": sleeper("m-a"), "b": sleeper("m-b")}, budget="250MiB", sample_interval="0.1s"
     )
-    with running_daemon(policy, tmp_path) as daemon:
+    with running_daemon(policy, tmp_path, in_thread=True) as daemon:
         assert ask(daemon, "m-a").status_code == 200
         a_pid = daemon.service("a")["pid"]
         assert ask(daemon, "m-b").status_code == 200  # 150 + 150 > 234: "a" must make room

@@ -55,7 +55,6 @@ async def service_root(service: str, request: Request) -> Response:
     return RedirectResponse(f"{PREFIX}/{service}/" + (f"?{query}" if query else ""), 307)
 
 
-@router.api_route("/{service}/{path:path}", methods=METHODS)
 async def upstream(service: str, path: str, request: Request) -> Response:
     """Passed to the runtime of ``service`` at ``/{path}``, as it came."""
     await require_api_key(request)
@@ -73,6 +72,13 @@ async def upstream(service: str, path: str, request: Request) -> Response:
         shape={"body_bytes": len(body), "upstream": runtime_path},
     )
     return ProxyResponse(leases=leases, service=name, request=client_request, config=config)
+
+
+# One route per method: the OpenAPI schema needs a distinct operation id for each.
+for _method in METHODS:
+    router.add_api_route(
+        "/{service}/{path:path}", upstream, methods=[_method], name=f"upstream_{_method.lower()}"
+    )
 
 
 def _runtime_path(request: Request, service: str, path: str) -> str:
