@@ -85,12 +85,11 @@ def build_orchestrator(
 ) -> Orchestrator:
     """The kernel, wired: each part gets only its ports (``metrics``: made unless given)."""
     events = EventLog(writer, clock)
-    health_http = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
     runtimes = RuntimeTable(
         dict(policy.services),
         launcher=launcher or SubprocessLauncher(clock),
         clock=clock,
-        http=health_http,
+        http=httpx.AsyncClient(timeout=httpx.Timeout(2.0)),  # for health polls
     )
     rules, device_rule = rules_from_policy(policy)
     scheduler = Scheduler(
@@ -105,8 +104,9 @@ def build_orchestrator(
         pump, scheduler, runtimes, events, last, policy, store, writer, probe, clock, settings
     )
     windows = Windows(
-        policy=policy, feed=pump.feed, runtimes=runtimes, store=store, events=events, clock=clock
-    )
+        policy=policy, feed=pump.feed, runtimes=runtimes, store=store, writer=writer,
+        events=events, clock=clock,
+    )  # fmt: skip
     health = Health(
         clock=clock, last=last, runtimes=runtimes, backend=probe.backend, events=events,
         tick_s=TICK_S, sample_interval_s=policy.device.sample_interval,
@@ -170,7 +170,7 @@ def _memory_truth(
     """The memory package's two workers: the doctor (flags, verdicts, the watches) and
     the sampler that feeds it and the scheduler."""
     doctor = Doctor(
-        store=store,
+        writer=writer,
         events=events,
         clock=clock,
         settings=settings,

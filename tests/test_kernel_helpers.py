@@ -158,7 +158,7 @@ class Kit:
 
     def doctor(self, tmp_path: Path) -> Doctor:
         return Doctor(
-            store=self.store,
+            writer=self.writer,
             events=self.events,
             clock=self.clock,
             settings=Settings(config=tmp_path / "vramd.yaml"),
@@ -326,6 +326,7 @@ async def test_opening_a_window_restarts_its_running_targets_and_allows_its_serv
         feed=kit.fed.append,
         runtimes=kit.runtimes,
         store=kit.store,
+        writer=kit.writer,
         events=kit.events,
         clock=kit.clock,
     )

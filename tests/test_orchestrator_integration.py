@@ -567,7 +567,7 @@ async def test_a_service_removed_while_it_backs_off_is_stopped_and_forgotten(
     orc = daemon.orchestrator
     request = asyncio.create_task(orc.acquire("crash"))
     await wait_until(lambda: orc.runtimes["crash"].instance.state.value == "backoff")
-    orc.apply_policy(policy_text({"keep": demo_service(memory_mib=20)}), source="test")
+    await orc.apply_policy(policy_text({"keep": demo_service(memory_mib=20)}), source="test")
     with pytest.raises(ModelNotFound):
         await request  # its queue is refused: the service is gone
     await wait_until(lambda: "crash" not in orc.runtimes, what="crash to be forgotten")

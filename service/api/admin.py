@@ -112,7 +112,7 @@ async def apply_policy(
     except UnicodeDecodeError:
         return error_response(400, "invalid_request", "the policy body must be UTF-8 YAML")
     try:
-        return orchestrator.apply_policy(text, source="api", dry_run=dry_run)
+        return await orchestrator.apply_policy(text, source="api", dry_run=dry_run)
     except PolicyError as exc:
         return policy_error_response(exc)
 
@@ -145,7 +145,7 @@ async def rollback(
     if text is None:
         return error_response(404, "not_found", f"no policy version {version}")
     try:
-        return orchestrator.apply_policy(text, source=f"rollback to version {version}")
+        return await orchestrator.apply_policy(text, source=f"rollback to version {version}")
     except PolicyError as exc:  # a version stored by an older vramd may not validate now
         return policy_error_response(exc)
 
@@ -203,7 +203,7 @@ async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str
         start_at = start.timestamp()
     if not now - 86400 <= start_at <= now + 10 * 365 * 86400:
         raise InvalidRequest("start: must be within the next ten years (or at most a day ago)")
-    return orchestrator.windows.add(
+    return await orchestrator.windows.add(
         name=body.name,
         start_at=start_at,
         duration_s=duration,
@@ -214,7 +214,7 @@ async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str
 
 @router.delete("/api/maintenance/{name}", status_code=204)
 async def delete_window(name: str, orchestrator: OrchestratorDep) -> Response:
-    orchestrator.windows.delete(name)
+    await orchestrator.windows.delete(name)
     return Response(status_code=204)
 
 

@@ -112,6 +112,7 @@ class Orchestrator:
         self._bind_host = server_address(settings, policy).host
         self._headroom = rules_from_policy(policy)[1].headroom
         self._loops = BackgroundTasks()
+        self._applying = asyncio.Lock()
         self._closing = False
         # Called with each newly installed policy (the app refreshes keys and limits).
         self.policy_listeners: list[Callable[[Policy], None]] = []
@@ -207,7 +208,9 @@ class Orchestrator:
 
     # -------------------------------------------------------------- policy apply
 
-    def apply_policy(self, text: str, *, source: str, dry_run: bool = False) -> dict[str, Any]:
+    async def apply_policy(
+        self, text: str, *, source: str, dry_run: bool = False
+    ) -> dict[str, Any]:
         """Validate, diff, store as a version, then act (docs/policy.md, "Applying a changed
         policy").
 
@@ -217,13 +220,19 @@ class Orchestrator:
         (priorities, caps, queues, TTLs, windows) takes effect in place.
         """
         policy = load_policy(text)
+        async with self._applying:  # one apply at a time: each diffs against the last
+            return await self._apply(policy, text, source=source, dry_run=dry_run)
+
+    async def _apply(
+        self, policy: Policy, text: str, *, source: str, dry_run: bool
+    ) -> dict[str, Any]:
         if refuse_unsafe_bind(self._bind_host, policy):
             message = (
                 f"vramd listens on {self._bind_host}, reachable from other machines: "
                 "server.api_keys and server.admin_keys must both stay set"
             )
             raise PolicyError([PolicyIssue("server", message)])
-        with self._store.session() as session:
+        with self._store.read() as session:
             conflicts = window_conflicts(session, policy=policy)
         if conflicts:
             raise PolicyError(conflicts)
@@ -237,10 +246,12 @@ class Orchestrator:
         }
         if dry_run:
             return result
-        with self._store.session() as session:
-            version, is_new = persist_policy(
-                session, policy=policy, text=text, source=source, now=self._clock.now()
+        now = self._clock.now()
+        version, is_new = await self._writer.call(
+            lambda session: persist_policy(
+                session, policy=policy, text=text, source=source, now=now
             )
+        )
         result.update(version=version, changed=is_new)
         if is_new:
             self._install(policy, diff.added, {c.name for c in diff.changed if c.restart})
@@ -272,10 +283,14 @@ class Orchestrator:
         self.windows.reconfigure(policy)
 
     def reload_policy_file(self) -> None:
-        """SIGHUP: apply the policy file again; an invalid file is reported and ignored."""
+        """SIGHUP: apply the policy file again, in the background (a signal handler
+        cannot wait); an invalid file is reported and ignored."""
+        self._loops.spawn(self._reload_policy_file(), "SIGHUP policy reload")
+
+    async def _reload_policy_file(self) -> None:
         path = self._settings.config
         try:
-            result = self.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
+            result = await self.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
         except (OSError, UnicodeDecodeError) as exc:
             self.events.record("policy-error", f"SIGHUP: cannot read {path}: {exc}")
         except PolicyError as exc:

@@ -24,7 +24,7 @@ from service.live.runtimes import RuntimeTable
 from service.maintenance.schedule import Maintenance, OpenWindow, WindowSpec
 from service.policy import Policy
 from service.scheduler import Event, RestartRequested, WindowChanged
-from service.store import Store, queries
+from service.store import Store, StoreWriter, queries
 
 
 class Windows:
@@ -35,6 +35,7 @@ class Windows:
         feed: Callable[[Event], None],
         runtimes: RuntimeTable,
         store: Store,
+        writer: StoreWriter,
         events: EventLog,
         clock: Clock,
     ) -> None:
@@ -42,6 +43,7 @@ class Windows:
         self._feed = feed
         self._runtimes = runtimes
         self._store = store
+        self._writer = writer
         self._events = events
         self._clock = clock
         self.maintenance = Maintenance(clock=clock, on_open=self._opened, on_close=self._closed)
@@ -73,7 +75,7 @@ class Windows:
             )
             for w in self._policy.maintenance.windows
         ]
-        with self._store.session() as session:
+        with self._store.read() as session:
             for row in queries.list_windows(session):
                 if row.origin == "api" and row.start_at is not None:
                     specs.append(
@@ -111,10 +113,12 @@ class Windows:
 
     def _opened(self, spec: WindowSpec, trigger: str) -> None:
         window = self.maintenance.open[spec.name]
-        with self._store.session() as session:
-            window.run_id = queries.record_maintenance_run(
-                session, window=spec.name, trigger=trigger, started_at=window.opened_at
-            )
+        window.run_id = self._writer.put_row(
+            "maintenance_runs",
+            lambda session, run_id: queries.record_maintenance_run(
+                session, id=run_id, window=spec.name, trigger=trigger, started_at=window.opened_at
+            ),
+        )
         targets = self._restart_targets(spec.restart)
         for name in targets:
             reason = f"maintenance window {spec.name}"
@@ -132,14 +136,13 @@ class Windows:
         self.changed()
 
     def _closed(self, window: OpenWindow) -> None:
-        if window.run_id is not None:
-            with self._store.session() as session:
-                queries.finish_maintenance_run(
-                    session,
-                    run_id=window.run_id,
-                    ended_at=self._clock.now(),
-                    actions=window.actions,
+        if (run_id := window.run_id) is not None:
+            ended_at, actions = self._clock.now(), list(window.actions)
+            self._writer.put(
+                lambda session: queries.finish_maintenance_run(
+                    session, run_id=run_id, ended_at=ended_at, actions=actions
                 )
+            )
         self._events.record(
             "window-close",
             f"maintenance window {window.spec.name} closed",
@@ -154,7 +157,7 @@ class Windows:
         self.maintenance.open_window(name, trigger="manual")
         return self.view(name)
 
-    def add(
+    async def add(
         self,
         *,
         name: str,
@@ -177,19 +180,21 @@ class Windows:
         ]
         if problems:
             raise InvalidRequest("; ".join(problems))
-        with self._store.session() as session:
-            try:
-                queries.add_api_window(
+        created_at = self._clock.now()
+        try:
+            await self._writer.call(
+                lambda session: queries.add_api_window(
                     session,
                     name=name,
                     start_at=start_at,
                     duration_s=duration_s,
                     restart=restart,
                     allow=allow,
-                    created_at=self._clock.now(),
+                    created_at=created_at,
                 )
-            except ValueError as exc:
-                raise InvalidRequest(str(exc)) from None
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         self.maintenance.configure(self.specs())
         self.changed()
         self._events.record(
@@ -200,9 +205,10 @@ class Windows:
         )
         return self.view(name)
 
-    def delete(self, name: str) -> None:
-        with self._store.session() as session:
-            deleted = queries.delete_api_window(session, name=name)
+    async def delete(self, name: str) -> None:
+        deleted = await self._writer.call(
+            lambda session: queries.delete_api_window(session, name=name)
+        )
         if not deleted:
             raise ServiceNotFound(f"no maintenance window named {name!r} created through the API")
         self.maintenance.close_window(name)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from service.adapters import find_oom
 from service.clock import Clock
 from service.live.events import EventLog
@@ -25,7 +27,7 @@ from service.memory.sampling import LastReading
 from service.memory.watch import Finding, InstanceWatch, Watches
 from service.scheduler import Event, MakeRoom, RestartRequested, UnloadRequested
 from service.settings import Settings
-from service.store import Store, queries
+from service.store import StoreWriter, queries
 from service.units import format_size
 
 # The events an incident quotes: what happened in the minutes before it.
@@ -37,7 +39,7 @@ class Doctor:
     def __init__(
         self,
         *,
-        store: Store,
+        writer: StoreWriter,
         events: EventLog,
         clock: Clock,
         settings: Settings,
@@ -46,7 +48,7 @@ class Doctor:
         feed: Callable[[Event], None],
         gpu: bool,
     ) -> None:
-        self._store = store
+        self._writer = writer
         self._events = events
         self._clock = clock
         self._settings = settings
@@ -183,8 +185,9 @@ class Doctor:
             if retry_succeeded
             else "it failed again with everything evictable gone: the device cannot hold it"
         )
-        with self._store.session() as session:
-            queries.set_incident_verdict(session, id=incident, verdict=verdict)
+        self._writer.put(
+            lambda session: queries.set_incident_verdict(session, id=incident, verdict=verdict)
+        )
         self._events.record(
             "verdict",
             f"{rt.name}: out-of-memory load diagnosed as {verdict}: {explanation}",
@@ -203,7 +206,8 @@ class Doctor:
         summary: str,
         oom_text: str,
     ) -> int:
-        """An incident with the figures docs/operations.md lists for one, taken now."""
+        """An incident with the figures docs/operations.md lists for one, taken now; its
+        id at once (the store writer counts it), its row through the writer."""
         now = self._clock.now()
         reading = self._last.reading
         devices = [
@@ -231,22 +235,26 @@ class Doctor:
             if other.instance.pid is not None
         }
         largest = max(rt.recent_requests, key=lambda r: r.get("body_bytes", 0), default=None)
-        with self._store.session() as session:
+        recent = list(rt.recent_requests)[-10:]
+
+        def record(session: Session, incident_id: int) -> None:
+            # In the writer's thread, after every event recorded before this incident.
             history = queries.list_events(session, since_ts=now - INCIDENT_HISTORY_S, limit=200)
             data = {
                 "oom_text": oom_text,
                 "devices": devices,
                 "instances": instances,
                 "largest_recent_request": largest,
-                "recent_requests": list(rt.recent_requests)[-10:],
+                "recent_requests": recent,
                 "history": [
                     {"ts": e.ts, "kind": e.kind, "service": e.service, "message": e.message}
                     for e in history
                     if e.kind in INCIDENT_EVENT_KINDS
                 ],
             }
-            return queries.record_incident(
+            queries.record_incident(
                 session,
+                id=incident_id,
                 ts=now,
                 service=rt.name,
                 kind=kind,
@@ -254,6 +262,8 @@ class Doctor:
                 data=data,
                 verdict=verdict,
             )
+
+        return self._writer.put_row("incidents", record)
 
     def _device_free(self, rt: ServiceRuntime) -> int:
         """Free memory where the instance runs; across a span, the least of its devices

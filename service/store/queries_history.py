@@ -117,7 +117,7 @@ def recent_peaks(session: Session, *, per_service: int) -> dict[str, list[int | 
 
 
 def last_ids(session: Session) -> dict[str, int]:
-    """The largest id used so far in ``events`` and ``instances`` (0 for none).
+    """The largest id used so far in the tables whose ids the writer counts (0 for none).
 
     The daemon is the database's only writer (``DatabaseLock``), so it counts the ids of
     new rows itself from these and a producer knows a row's id before it is written.
@@ -126,6 +126,8 @@ def last_ids(session: Session) -> dict[str, int]:
     found = {
         "events": session.scalar(select(func.max(Event.id))) or 0,
         "instances": session.scalar(select(func.max(InstanceRecord.id))) or 0,
+        "incidents": session.scalar(select(func.max(Incident.id))) or 0,
+        "maintenance_runs": session.scalar(select(func.max(MaintenanceRun.id))) or 0,
     }
     sequence = session.execute(
         text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
@@ -211,10 +213,11 @@ def prune_events(session: Session, *, before_ts: float) -> int:
 
 
 def record_maintenance_run(
-    session: Session, *, window: str, trigger: str, started_at: float
+    session: Session, *, window: str, trigger: str, started_at: float, id: int | None = None
 ) -> int:
-    """Record that a window opened (``trigger``: "schedule" or "manual"); returns its id."""
-    run = MaintenanceRun(window=window, trigger=trigger, started_at=started_at, actions=[])
+    """Record that a window opened (``trigger``: "schedule" or "manual"); returns its id
+    (``id``: the one the store writer counted for it)."""
+    run = MaintenanceRun(id=id, window=window, trigger=trigger, started_at=started_at, actions=[])
     session.add(run)
     session.flush()
     return run.id
@@ -254,15 +257,17 @@ def record_incident(
     summary: str,
     data: dict[str, Any],
     verdict: str | None = None,
+    id: int | None = None,
 ) -> int:
-    """Record an out-of-memory failure (``kind``: "load" or "request"); returns its id.
+    """Record an out-of-memory failure (``kind``: "load" or "request"); returns its id
+    (``id``: the one the store writer counted for it).
 
     ``data`` carries the evidence docs/operations.md lists ("Fragmentation versus
     capacity"): device figures, each instance's footprint, the largest recent request and
     the events before the failure.
     """
     incident = Incident(
-        ts=ts, service=service, kind=kind, summary=summary, data=data, verdict=verdict
+        id=id, ts=ts, service=service, kind=kind, summary=summary, data=data, verdict=verdict
     )
     session.add(incident)
     session.flush()

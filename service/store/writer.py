@@ -10,6 +10,7 @@ and commits what it finds in one transaction. The model is the standard library'
     writer.start()
     writer.put(lambda session: queries.add_device_samples(session, rows=rows))
     event_id = writer.put_row("events", lambda s, row_id: queries.record_event(s, id=row_id, ...))
+    deleted = await writer.call(lambda s: queries.delete_api_window(s, name=name))
     await writer.flushed(timeout=2.0)    # what was put before this is committed
     writer.close()                       # flush and join on shutdown: nothing queued is lost
 
@@ -24,11 +25,15 @@ writes). Failures:
   write at a time, so one bad write cannot take the others with it; a write that fails
   alone is logged and dropped, as a refused record was before this writer existed.
 
+A caller that needs an answer (whether a row was there to delete, a policy's version)
+``await``s ``call``: the write goes through the same queue, and the caller's future is
+resolved once its batch has committed (or with the write's own exception).
+
 Row ids: the daemon is its database's only writer (``DatabaseLock``), so the ids of new
-events and instances are counted here, from the largest found at startup, and a producer
-learns a row's id when it puts the row, without waiting for SQLite. Ids are counted and
-put under one lock, so rows are committed in the order of their ids (a reader paging
-events by id never skips one).
+events, instances, incidents and maintenance runs are counted here, from the largest
+found at startup, and a producer learns a row's id when it puts the row, without waiting
+for SQLite. Ids are counted and put under one lock, so rows are committed in the order
+of their ids (a reader paging events by id never skips one).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from contextlib import suppress
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -51,9 +56,10 @@ from service.store.engine import Store, is_busy
 
 log = logging.getLogger("vramd.store")
 
+T = TypeVar("T")
 Write = Callable[[Session], object]
 RowWrite = Callable[[Session, int], object]
-CountedTable = Literal["events", "instances"]
+CountedTable = Literal["events", "instances", "incidents", "maintenance_runs"]
 
 BATCH_MAX = 500  # writes per transaction: a backlog drains in few commits
 FIRST_BACKOFF_S = 0.05
@@ -66,6 +72,25 @@ class _Stop:
 
 
 _STOP = _Stop()
+
+
+class _Answered(Generic[T]):
+    """A write whose caller awaits its result: resolved once its transaction commits."""
+
+    def __init__(self, write: Callable[[Session], T]) -> None:
+        self._write = write
+        self._result: T | None = None
+        self.future: Future[T] = Future()
+
+    def __call__(self, session: Session) -> None:
+        self._result = self._write(session)
+
+    def settle(self, error: Exception | None) -> None:
+        with suppress(InvalidStateError):  # its caller was cancelled
+            if error is None:
+                self.future.set_result(self._result)  # type: ignore[arg-type]
+            else:
+                self.future.set_exception(error)
 
 
 class StoreWriter:
@@ -111,6 +136,21 @@ class StoreWriter:
         if closed:
             self._write([lambda session: write(session, row_id)], patient=False)
         return row_id
+
+    async def call(self, write: Callable[[Session], T]) -> T:
+        """Queue a write whose result the caller needs, and await it; the loop goes on.
+
+        Raises what the write raised (it is not retried alone and logged, as a ``put``
+        is). On a locked database it waits, like every write, until the lock is gone.
+        """
+        answered = _Answered(write)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._queue.put(answered)
+        if closed:
+            self._write([answered], patient=False)
+        return await asyncio.wrap_future(answered.future)
 
     # ------------------------------------------------------------------ flushing
 
@@ -204,15 +244,16 @@ class StoreWriter:
 
     def _write(self, batch: list[Write], *, patient: bool = True) -> None:
         error = self._commit(batch, patient=patient)
-        if error is None:
-            return
-        failed = [error]
-        if len(batch) > 1:  # find the bad one(s); the rest are committed
-            failed = [e for w in batch if (e := self._commit([w], patient=patient)) is not None]
-        for error in failed:
-            # A database problem is explained by its message; anything else is a bug.
-            trace = None if isinstance(error, StoreError) else error
-            log.error("a record was not stored: %s", error, exc_info=trace)
+        errors: list[Exception | None] = [error] * len(batch)
+        if error is not None and len(batch) > 1:  # find the bad one(s); the rest commit
+            errors = [self._commit([w], patient=patient) for w in batch]
+        for write, error in zip(batch, errors, strict=True):
+            if isinstance(write, _Answered):
+                write.settle(error)  # its caller hears of its error
+            elif error is not None:
+                # A database problem is explained by its message; anything else is a bug.
+                trace = None if isinstance(error, StoreError) else error
+                log.error("a record was not stored: %s", error, exc_info=trace)
 
     def _commit(self, batch: list[Write], *, patient: bool) -> Exception | None:
         """Commit ``batch`` in one transaction; the error if it failed.
