@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
+.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -32,8 +32,15 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+# Four workers on any machine: most tests wait on processes, not on the CPU. Tests that
+# assert on wall-clock time (marker timing) run afterwards, alone.
 pytest: $(VENV)/.installed-dev
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not timing" -n 4 --dist worksteal
+	$(BIN)/pytest -m timing
+
+# The inner loop: tests/unit only (no process, no daemon).
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/pytest tests/unit -n 2
 
 # Real-runtime tests (docs/deployment.md): builds llama.cpp from source once (~7 min
 # on 2 cores; pip caches the wheel afterwards). make test runs them only if installed.
@@ -44,7 +51,7 @@ $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 	@touch $@
 
 # llama.cpp's own llama-server, built from the sources the llama-cpp-python sdist
-# vendors (the version requirements-real.txt pins), for tests/test_real_llama_server.py:
+# vendors (the version requirements-real.txt pins), for tests/e2e/test_real_llama_server.py:
 # it answers the chat, Responses and Messages APIs natively (~4-7 min on 2 cores, once).
 LLAMA_SERVER := build/llama-server/bin/llama-server
 LLAMA_CPP_PYTHON = $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-real.txt)

@@ -16,7 +16,7 @@ Extensions to the contract (the contract's form keeps working):
 
 The package is values only: it imports no process, job or HTTP code, so the pure
 scheduler and the bench can use it; the maintenance jobs and the adapter registry use its
-cron and runtime-name modules (tests/test_policy.py holds the import edges). Its parts::
+cron and runtime-name modules (tests/unit/test_policy.py holds the import edges). Its parts::
 
     schema.py        the pydantic models (Policy, Service, Window, ...) and field checks
     load.py          load_policy: YAML text -> Policy, line-numbered errors, cross checks

@@ -15,7 +15,7 @@ by a foreign key, because history must outlive the service's rule. The only fore
 point at ``policy_versions``, whose rows are never deleted.
 
 Any change here needs an Alembic revision in ``migrations/versions``;
-``tests/test_migrations.py`` fails when the two disagree.
+``tests/process/test_migrations.py`` fails when the two disagree.
 """
 
 from __future__ import annotations
