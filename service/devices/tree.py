@@ -47,7 +47,6 @@ from service.domain import InstanceMemory
 PROC = "/proc"
 # Where /proc/PID/stat can be read directly; elsewhere psutil does the work.
 LINUX_PROC = sys.platform.startswith("linux") and os.path.isdir(PROC)
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 PSS_MAX_AGE_S = 10.0
 
 

@@ -188,7 +188,7 @@ class KernelEffects:
         )
         rt.device, rt.devices = action.device, devices
         if not action.retry:
-            rt.peak = 0
+            self._sampler.instance_starting(rt)
             rt.counters["loads"] += 1
             self._events.record(
                 "load",
@@ -203,7 +203,7 @@ class KernelEffects:
             )
 
         async def spawned(proc: Any) -> None:
-            rt.last_pids = (proc.pid,)
+            self._sampler.process_spawned(rt, proc.pid)
             started_at = self._clock.now()
             rt.instance_id = self._writer.put_row(
                 "instances",
@@ -302,8 +302,8 @@ class KernelEffects:
                 )
             data = {"missing_bytes": {str(d): b for d, b in missing.items()}}
             self._events.record("settle-timeout", message, service=rt.name, data=data)
-        rt.footprint = rt.host_bytes = 0
-        rt.device_bytes, rt.departing = {}, {}
+        self._sampler.instance_released(rt)
+        rt.departing = {}
         self._feed(InstanceStopped(rt.name))
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone

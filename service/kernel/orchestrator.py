@@ -20,7 +20,7 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
-from service.domain import InstanceState
+from service.domain import Flag, InstanceState
 from service.errors import (
     InsufficientCapacity,
     InvalidRequest,
@@ -399,8 +399,8 @@ class Orchestrator:
         memory (the answer says for what: the load still happens when it can), or
         refused."""
         rt = self.runtime(name)
-        rt.flags.discard("crash-looping")
         self.events.record("operator", f"load {name} requested", service=name)
+        self.doctor.clear_flags(rt, {Flag.CRASH_LOOPING}, "an operator's load")
         return await self._ask(rt, lambda ticket: LoadRequested(name, ticket))
 
     async def unload(self, name: str) -> dict[str, Any]:

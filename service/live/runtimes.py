@@ -150,7 +150,25 @@ FRACTION_STEPS = 10_000
 
 @dataclass
 class ServiceRuntime:
-    """Everything live about one service, owned by the orchestrator."""
+    """Everything live about one service, owned by the orchestrator.
+
+    Each field has one writer (a read that gates a change is made by that writer):
+
+    - ``spec``, ``retired``, ``recent_requests``, ``counters["requests_served"]``: the
+      orchestrator (policy apply, the request path).
+    - ``instance``, ``device``, ``devices``, ``departing``, ``instance_id``,
+      ``last_load_s`` and the other ``counters``: the kernel's effects (spawn, stop,
+      the instance's transitions).
+    - ``footprint``, ``host_bytes``, ``device_bytes``, ``peak``, ``last_pids``,
+      ``learned_peak``, ``learned_load_s``: the sampler (``memory.sampling``); the
+      effects tell it when an instance starts, spawns and is released.
+    - ``flags``, ``oom_incident``: the doctor (``memory.doctor``).
+    - ``client``, ``base_url``: this record's own ``open_client`` / ``close_client``.
+
+    Counters and learned figures are seeded from SQLite when the daemon starts
+    (``app.restore_stats``), before anything runs. The instance's memory series is not
+    here: the memory package keeps it (``memory.watch.Watches``).
+    """
 
     name: str
     spec: Service

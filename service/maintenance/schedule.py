@@ -40,9 +40,6 @@ class WindowSpec:
     start_at: float | None = None  # one-off windows (epoch seconds)
     origin: str = "policy"
 
-    def describe_restart(self) -> str:
-        return self.restart if isinstance(self.restart, str) else ", ".join(self.restart)
-
 
 @dataclass
 class OpenWindow:

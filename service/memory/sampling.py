@@ -283,6 +283,22 @@ class Sampler:
 
     # ------------------------------------------------------ records of instance life
 
+    # The memory figures of the live record (footprint, host_bytes, device_bytes, peak,
+    # last_pids) are the sampler's: the kernel tells it of the moments that reset them.
+
+    def instance_starting(self, rt: ServiceRuntime) -> None:
+        """A new instance (not a retry of the same start): its peak starts afresh."""
+        rt.peak = 0
+
+    def process_spawned(self, rt: ServiceRuntime, pid: int) -> None:
+        """Until the first sample finds its tree, the instance is its leader."""
+        rt.last_pids = (pid,)
+
+    def instance_released(self, rt: ServiceRuntime) -> None:
+        """Its memory is back (the settle barrier's verdict): it holds nothing now."""
+        rt.footprint = rt.host_bytes = 0
+        rt.device_bytes = {}
+
     def record_ready(self, rt: ServiceRuntime) -> None:
         load_s = rt.instance.load_s
         if load_s is not None:

@@ -302,9 +302,21 @@ class InThreadServer:
         self._thread.start()
 
     def _run(self) -> None:
-        with asyncio.Runner(loop_factory=self.server.config.get_loop_factory()) as runner:
+        runner = asyncio.Runner(loop_factory=self.server.config.get_loop_factory())
+        try:
             self.loop = runner.get_loop()
-            runner.run(self.server.serve())
+            runner.run(self._serve())
+        finally:
+            # A connection whose last bytes were still in flight when the server stopped
+            # can outlive it by a moment; uvloop then refuses to close (EBUSY) and warns
+            # about the socket. A process would exit over it; this thread lets it go
+            # (pyproject.toml ignores uvloop's "unclosed resource" warning for it).
+            with suppress(OSError):
+                runner.close()
+
+    async def _serve(self) -> None:
+        await self.server.serve()
+        await asyncio.sleep(0.2)  # let connections the peers closed finish closing
 
     @property
     def alive(self) -> bool:

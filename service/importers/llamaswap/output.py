@@ -76,6 +76,7 @@ def line(indent: int, key: str, value: Any, note: str | None = None) -> str:
 
 
 def _flow(value: Any) -> str:
+    """One YAML flow mapping or list on one line."""
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
 
 
@@ -88,9 +89,7 @@ def _field(key: str, value: Any, note: str | None) -> list[str]:
         return [head, *(line(6, k, v) for k, v in value.items())]
     if key == "set_params":  # model name -> its fields, one flow mapping per name
         head = f"    {key}:" + (f"  # {comment(note)}" if note else "")
-        flows = (
-            yaml.safe_dump(v, default_flow_style=True, width=10**6).strip() for v in value.values()
-        )
+        flows = (_flow(v) for v in value.values())
         return [head, *(f"      {scalar(k)}: {flow}" for k, flow in zip(value, flows, strict=True))]
     if key == "memory":
         return ["    memory:", line(6, "estimate", value["estimate"], ESTIMATE_NOTE)]
