@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ import httpx
 import pytest
 from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
+from typer.testing import CliRunner
 
+from service.cli import app
 from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable
 from service.cli.client import CtrlC
 from service.cli.windows import parse_at
@@ -57,7 +60,26 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def vramd(*args: str, url: str | None, **env: str) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def vramd(*args: str, url: str | None, **env: str) -> Ran:
+    """``vramd ARGS [--url URL]`` in this process (typer's ``CliRunner``), with ``env``
+    and without the test's own ``VRAMD_*``; ``vramd_process`` runs the real command."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("VRAMD_")}
+    result = CliRunner().invoke(
+        app, [*args, *(["--url", url] if url else [])], env={**unset, "COLUMNS": "200", **env}
+    )
+    # An exception that is not an exit is a crash a user would see as a traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), result
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def vramd_process(*args: str, url: str | None, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*VRAMD, *args, *(["--url", url] if url else [])],
         capture_output=True,
@@ -75,6 +97,17 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     ) as daemon:
         daemon.wait_for(lambda: daemon.service("demo")["state"] == "ready")
         yield daemon
+
+
+def test_client_and_windows_commands_run_as_real_processes(daemon: Daemon) -> None:
+    ps = vramd_process("ps", url=daemon.url)
+    assert ps.returncode == 0, ps.stderr
+    assert any(line.startswith("demo ") for line in ps.stdout.splitlines()), ps.stdout
+    windows = vramd_process("windows", "--json", url=daemon.url)
+    assert windows.returncode == 0, windows.stderr
+    assert isinstance(json.loads(windows.stdout), list)
+    unreachable = vramd_process("ps", url=f"http://127.0.0.1:{free_port()}")
+    assert unreachable.returncode == 3 and unreachable.stdout == ""
 
 
 def test_ps_shows_a_table_and_json(daemon: Daemon) -> None:

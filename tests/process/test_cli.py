@@ -1,4 +1,8 @@
-"""The ``vramd`` command as a real process: check, schema, db upgrade."""
+"""The ``vramd`` command's daemon-free commands: check, schema, db upgrade.
+
+Run in this process through typer's ``CliRunner`` (exit code, stdout and stderr apart);
+one smoke test per command group runs ``python -m service.cli`` as a real process.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,54 @@ import os
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from support.daemon import REPO_ROOT
+from typer.testing import CliRunner
+
+from service.cli import app
 
 INVALID = REPO_ROOT / "tests" / "policies" / "invalid"
 
 
-def vramd(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def vramd(*args: str) -> Ran:
+    """``vramd ARGS`` in this process, without the test's own ``VRAMD_*`` settings."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("VRAMD_")}
+    result = CliRunner().invoke(app, list(args), env=unset)
+    # An exception that is not an exit is a crash a user would see as a traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), result
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def vramd_process(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
         capture_output=True,
         text=True,
-        cwd=cwd,
+        cwd=REPO_ROOT,
         env=env,
         timeout=60,
     )
+
+
+def test_check_and_db_upgrade_run_as_real_processes(tmp_path: Path) -> None:
+    checked = vramd_process("check", "config/demo.yaml")
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("config/demo.yaml: valid policy")
+    invalid = vramd_process("check", str(sorted(INVALID.glob("*.yaml"))[0]))
+    assert invalid.returncode == 1 and "error" in invalid.stderr
+    upgraded = vramd_process("db", "upgrade", "--db", str(tmp_path / "v.db"))
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert (tmp_path / "v.db").exists()
 
 
 def test_check_accepts_every_shipped_policy() -> None:
@@ -84,10 +119,13 @@ def test_check_prints_every_error_and_exits_1(tmp_path: Path) -> None:
 
 
 def test_check_on_every_invalid_fixture_fails() -> None:
-    for path in sorted(INVALID.glob("*.yaml"))[:5]:
+    paths = sorted(INVALID.glob("*.yaml"))
+    assert len(paths) >= 40
+    for path in paths:
         result = vramd("check", str(path))
         assert result.returncode == 1, path
-        assert "error" in result.stderr
+        assert f"{path}: " in result.stderr and "nothing was changed" in result.stderr, path
+        assert result.stdout == "", path
 
 
 def test_check_missing_file(tmp_path: Path) -> None:
