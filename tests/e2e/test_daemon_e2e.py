@@ -140,9 +140,17 @@ def test_crash_loop_ends_failed_until_loaded(tmp_path: Path) -> None:
         assert "out of memory" in chat["last_error"]
         assert chat["restarts"] == 3
         # An operator's load clears the flag and tries again (and fails the same way).
+        asked = max(e["id"] for e in daemon.events(service="chat", limit=5000))
         response = daemon.post("/api/services/chat/load")
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "runtime_failed"
+        after = [e for e in daemon.events(service="chat", limit=5000) if e["id"] > asked]
+        kinds = [e["kind"] for e in after]
+        assert kinds[0] == "operator" and "flag-cleared" in kinds
+        tries = [e for e in after if e["kind"] == "state" and e["data"]["to"] == "starting"]
+        assert len(tries) == 4, tries  # the new try, and its restarts afresh (max_retries 3)
+        again = daemon.service("chat")
+        assert again["state"] == "failed" and "crash-looping" in again["flags"]
 
 
 def test_daemon_sigkill_leaves_no_orphan_after_restart(tmp_path: Path) -> None:

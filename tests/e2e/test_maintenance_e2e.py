@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.daemon import (
     Daemon,
     demo_command,
@@ -88,6 +89,7 @@ def test_one_off_window_is_stored_and_survives_restart(tmp_path: Path) -> None:
         stop_daemon(second)
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_one_off_window_now_restarts_at_once(tmp_path: Path) -> None:
     with running_daemon(policy_yaml({"chat": CHAT}), tmp_path, in_thread=True) as daemon:
         daemon.wait_for(lambda: ready(daemon))
@@ -97,3 +99,9 @@ def test_one_off_window_now_restarts_at_once(tmp_path: Path) -> None:
         )
         assert response.status_code == 201, response.text
         daemon.wait_for(lambda: ready(daemon) and daemon.service("chat")["pid"] != pid)
+        # At once: the window opened (and asked for chat's restart) within a second of
+        # being added, by the daemon's own clock, not at some later check.
+        [added] = daemon.events(kind="window-added")
+        [opened] = daemon.events(kind="window-open")
+        assert opened["data"]["restart"] == ["chat"]
+        assert 0 <= opened["ts"] - added["ts"] < 1.0, (added, opened)

@@ -258,7 +258,19 @@ def test_out_of_memory_load_is_retried_then_called_capacity(
         response = ask(daemon)
         assert response.status_code == 502
         daemon.wait_for(lambda: bool(daemon.events(kind="verdict")))
+        # The retry: one more start, after making room (everything evictable evicted),
+        # and only its failure gives the verdict.
+        starts = [
+            e["id"]
+            for e in daemon.events(service="chat", kind="state")
+            if e["data"]["to"] == "starting"
+        ]
+        [make_room] = [e["id"] for e in daemon.events(kind="make-room")]
+        [verdict] = daemon.events(kind="verdict")
+        assert len(starts) == 2 and starts[0] < make_room < starts[1] < verdict["id"], starts
+        assert "failed again with everything evictable gone" in verdict["message"]
         incidents = daemon.get("/api/incidents").json()["incidents"]
+        assert len(incidents) == 1  # the retry's failure is the same incident's verdict
         assert incidents[0]["kind"] == "load" and incidents[0]["verdict"] == "capacity"
         detail = daemon.get(f"/api/incidents/{incidents[0]['id']}").json()["data"]
         assert "out of memory" in detail["oom_text"]

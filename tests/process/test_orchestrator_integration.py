@@ -254,6 +254,26 @@ async def test_pinned_survives_every_mix(harness: OrchestratorHarness) -> None:
 
     assert refusals == 2
     assert victims(daemon) == [["a"], ["b"], ["a"], ["b"]]
+
+    # Then seeded mixes, two requests at a time: whatever the order, the pinned service
+    # keeps its instance and the request that would need its memory is refused.
+    async def use(name: str) -> Lease | RequestRejected:
+        try:
+            lease = await orc.acquire(name)
+        except RequestRejected as refused:
+            return refused
+        orc.release(lease, outcome="ok")
+        return lease
+
+    for seed in (1, 2):
+        rng = random.Random(seed)
+        for _ in range(4):
+            pair = [rng.choice(("a", "b", "huge")) for _ in range(2)]
+            outcomes = await asyncio.gather(*(use(name) for name in pair))
+            for name, outcome in zip(pair, outcomes, strict=True):
+                expected = InsufficientCapacity if name == "huge" else Lease
+                assert isinstance(outcome, expected), (seed, pair, outcome)
+            pin_untouched()
     assert daemon.view("huge")["loads"] == 0
     pin_states = [e["data"]["to"] for e in daemon.events(kind="state", service="pin")]
     assert pin_states == ["starting", "ready"]
