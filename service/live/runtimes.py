@@ -236,8 +236,8 @@ StateObserver = Callable[[ServiceRuntime, InstanceState, InstanceState, str], No
 class RuntimeTable:
     """Every service's ``ServiceRuntime`` by name, and the only code that makes them.
 
-    Instances restart only when their owner says so (``restart_by_owner``): a retry
-    after backoff is the scheduler's decision.
+    Instances restart only when their owner starts them again: a retry after backoff is
+    the scheduler's decision.
     """
 
     def __init__(
@@ -275,7 +275,6 @@ class RuntimeTable:
             log=ring,
             on_state=lambda inst, old, new, why: self._changed(holder[0], old, new, why),
             restart_policy=restart,
-            restart_by_owner=True,
         )
         rt = ServiceRuntime(name=name, spec=spec, instance=instance, log=ring)
         holder.append(rt)

@@ -14,19 +14,14 @@ A failed start goes straight to BACKOFF or FAILED, a crash of a ready instance t
 BACKOFF: the restart tracker (``backoff``) decides, and only starts that never became
 ready count towards ``max_retries`` (a runtime that keeps coming up is never given up
 on; it is flagged crash-looping instead). Backoff is a state with a deadline (``backoff_until``)
-that ``vramd ps`` can show, not a retry loop hidden inside ``start``. Standalone, the
-instance restarts itself when the deadline passes; with ``restart_by_owner`` (the
-daemon) it waits in BACKOFF for its owner to ``start`` it again, so the retry is a
-decision like any other (the scheduler issues it once the deadline has passed and
-memory allows).
+that ``vramd ps`` can show, not a retry loop hidden inside ``start``: the instance waits
+in BACKOFF for its owner to ``start`` it again, so the retry is a decision like any
+other (the daemon's scheduler issues it once the deadline has passed and memory allows).
 
 Each start creates one ``ProcessRun`` (``run.py``), run by one task that owns that
-process until it is reaped. ``start``, ``stop`` and the restart timer only ask it, so a
-caller that stops waiting for ``start`` (a client went away) does not cancel a load that
-others wait for, and a stop arriving mid-start is carried out by the same task.
-
-``on_exit`` is told of every process end that ``stop`` did not ask for (a crash, an
-early exit, a start that timed out), after the state has moved.
+process until it is reaped. ``start`` and ``stop`` only ask it, so a caller that stops
+waiting for ``start`` (a client went away) does not cancel a load that others wait for,
+and a stop arriving mid-start is carried out by the same task.
 """
 
 from __future__ import annotations
@@ -62,7 +57,6 @@ logger = logging.getLogger("vramd.supervisor")
 
 S = InstanceState
 OnState = Callable[["Instance", InstanceState, InstanceState, str], None]
-OnExit = Callable[["Instance", int, str], None]
 
 
 class StartFailed(VramdError):
@@ -85,28 +79,22 @@ class Instance:
         http: httpx.AsyncClient,
         log: LogRing,
         on_state: OnState,
-        on_exit: OnExit | None = None,
         restart_policy: RestartPolicy = DEFAULT_POLICY,
-        restart_by_owner: bool = False,
         kill_timeout_s: float = 5.0,
     ) -> None:
-        """``restart_by_owner``: stay in BACKOFF until the owner calls ``start`` (the
-        daemon's scheduler decides when a retry may go). ``kill_timeout_s`` bounds the
-        wait after SIGKILL for a process stuck in the kernel (a hung driver call)."""
+        """``kill_timeout_s`` bounds the wait after SIGKILL for a process stuck in the
+        kernel (a hung driver call)."""
         self.key = key
         self.log = log
         self._launcher = launcher
         self._clock = clock
         self._http = http
         self._on_state = on_state
-        self._on_exit = on_exit
-        self._restart_by_owner = restart_by_owner
         self._kill_timeout_s = kill_timeout_s
         self._tracker = RestartTracker(restart_policy)
         self._state = S.STOPPED
         self._run: ProcessRun | None = None
         self._run_task: asyncio.Task[None] | None = None
-        self._restart_task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._stop_reason = ""
         self._last_error: str | None = None
@@ -221,10 +209,8 @@ class Instance:
         check_transition(self._state, S.STARTING)
         reason = "start requested"
         if self._state is S.BACKOFF:
-            self._cancel_restart()
-            if self._restart_by_owner:
-                self._restarts += 1
-                reason = f"restart after backoff (attempt {self.attempt})"
+            self._restarts += 1
+            reason = f"restart after backoff (attempt {self.attempt})"
         else:
             self._tracker.reset()
         await asyncio.shield(self._begin(spec, reason))
@@ -259,7 +245,6 @@ class Instance:
             # Shielded: a caller that gives up waiting must not abort a half-done kill.
             await asyncio.shield(task)
         if self._state is S.BACKOFF or (self._state is S.FAILED and self.pid is None):
-            self._cancel_restart()
             self._set_state(S.STOPPED, reason)
         return self._exit_code
 
@@ -352,30 +337,8 @@ class Instance:
                 self._backoff_until = self._clock.now() + decision.delay_s
                 self._backoff_due = self._clock.monotonic() + decision.delay_s
                 self._set_state(S.BACKOFF, why)
-                if not self._restart_by_owner:
-                    self._restart_task = asyncio.create_task(self._restart_after(decision.delay_s))
-                    self._restart_task.add_done_callback(self._task_done)
             else:
                 self._set_state(S.FAILED, why)
-        if result.end is not RunEnd.STOPPED and result.returncode is not None and self._on_exit:
-            try:
-                self._on_exit(self, result.returncode, error)
-            except Exception:
-                logger.exception("on_exit observer failed for %s", self.key)
-
-    # -- restart after backoff --------------------------------------------------------
-
-    async def _restart_after(self, delay_s: float) -> None:
-        await self._clock.sleep(delay_s)
-        assert self._run is not None
-        self._restart_task = None
-        self._restarts += 1
-        self._begin(self._run.spec, f"restart after backoff (attempt {self.attempt})")
-
-    def _cancel_restart(self) -> None:
-        if self._restart_task is not None:
-            self._restart_task.cancel()
-            self._restart_task = None
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -305,7 +305,6 @@ class World:
     http: httpx.AsyncClient
     health: list[int]  # status codes the health endpoint answers, last one repeats
     events: list[tuple[S, S, str]] = field(default_factory=list)
-    exits: list[tuple[int, str]] = field(default_factory=list)
 
     def instance(self, policy: RestartPolicy | None = None, **kwargs: object) -> Instance:
         return Instance(
@@ -315,13 +314,22 @@ class World:
             http=self.http,
             log=LogRing(),
             on_state=lambda _i, old, new, why: self.events.append((old, new, why)),
-            on_exit=lambda _i, code, err: self.exits.append((code, err)),
             restart_policy=policy or RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=60),
             **kwargs,  # type: ignore[arg-type]
         )
 
     def states(self) -> list[S]:
         return [new for _, new, _ in self.events]
+
+    async def restart_when_due(self, inst: Instance) -> asyncio.Task[None]:
+        """What the owner (the daemon's scheduler) does: start it again once its backoff
+        is over. Returns the start, which ends when the retry is ready or fails."""
+        assert inst.state is S.BACKOFF and inst.backoff_until is not None
+        await self.clock.advance(inst.backoff_until - self.clock.now())
+        assert inst.state is S.BACKOFF  # no timer of its own
+        retry = asyncio.create_task(start(inst))
+        await settle()
+        return retry
 
 
 async def start(inst: Instance, timeout: float = 5.0) -> None:
@@ -375,7 +383,7 @@ async def test_startup_timeout_kills_and_explains(world: World) -> None:
     assert world.launcher.spawned[0].signals[0] == signal.SIGKILL
     assert world.launcher.spawned[0].closed
     assert inst.state is S.FAILED
-    assert world.exits == [(-signal.SIGKILL, inst.last_error)]
+    assert inst.exit_code == -signal.SIGKILL
 
 
 async def test_crash_backs_off_visibly_then_restarts(world: World) -> None:
@@ -385,10 +393,8 @@ async def test_crash_backs_off_visibly_then_restarts(world: World) -> None:
     await settle()
     assert inst.state is S.BACKOFF
     assert inst.backoff_until == world.clock.now() + 2
-    assert world.exits == [(139, "exited with code 139")]
-    await world.clock.advance(1.9)
-    assert inst.state is S.BACKOFF
-    await world.clock.advance(0.1)
+    assert (inst.exit_code, inst.last_error) == (139, "exited with code 139")
+    await (await world.restart_when_due(inst))
     assert inst.state is S.READY
     assert inst.restarts == 1 and inst.attempt == 1 and inst.pid == 1001
     assert world.states() == [S.STARTING, S.READY, S.BACKOFF, S.STARTING, S.READY]
@@ -406,7 +412,7 @@ async def test_a_ready_instance_killed_again_and_again_is_restarted_and_flagged_
         assert inst.state is S.BACKOFF
         assert inst.backoff_until == world.clock.now() + delay
         looping.append(inst.crash_looping)
-        await world.clock.advance(delay)
+        await (await world.restart_when_due(inst))
         assert inst.state is S.READY
     assert looping == [False, True, True, True, True, True]
     assert inst.restarts == 6 and len(world.launcher.spawned) == 7
@@ -420,7 +426,8 @@ async def test_crash_looping_clears_after_a_minute_ready(world: World) -> None:
     inst = world.instance(RestartPolicy(max_retries=1, backoff_s=2, max_backoff_s=8))
     await start(inst)
     world.launcher.spawned[-1].exit(1)
-    await world.clock.advance(2)
+    await settle()
+    await (await world.restart_when_due(inst))
     assert inst.state is S.READY and inst.crash_looping
     await world.clock.advance(59.9)
     assert inst.crash_looping
@@ -432,25 +439,26 @@ async def test_starts_that_never_become_ready_end_failed(world: World) -> None:
     world.launcher.ring_lines = ["CUDA error: out of memory"]
     world.health[:] = [503]
     inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=60))
-    first = asyncio.create_task(start(inst))
+    starts = [asyncio.create_task(start(inst))]
     await settle()
     for delay in (2, 4):
         world.launcher.spawned[-1].exit(1)
         await settle()
         assert inst.state is S.BACKOFF
         assert inst.backoff_until == world.clock.now() + delay
-        await world.clock.advance(delay)
+        starts.append(await world.restart_when_due(inst))
         assert inst.state is S.STARTING
     world.launcher.spawned[-1].exit(1)
     await settle()
     assert inst.state is S.FAILED
     assert inst.last_error == "exited with code 1: CUDA error: out of memory"
     assert world.events[-1][2].endswith("gave up after 3 failed starts in a row")
-    with pytest.raises(StartFailed):
-        await first
+    for each in starts:  # every try's caller hears that it failed
+        with pytest.raises(StartFailed):
+            await each
 
 
-async def test_stop_cancels_a_pending_restart(world: World) -> None:
+async def test_a_stop_in_backoff_ends_stopped_and_nothing_restarts(world: World) -> None:
     inst = world.instance()
     await start(inst)
     world.launcher.spawned[0].exit(1)
@@ -473,7 +481,7 @@ async def test_stop_sends_sigkill_only_after_the_grace(world: World) -> None:
     assert await stopping == -signal.SIGKILL
     assert proc.signals[:2] == [signal.SIGTERM, signal.SIGKILL]
     assert world.states()[-2:] == [S.STOPPING, S.STOPPED]
-    assert world.exits == []
+    assert inst.last_error is None  # a stop is not a crash
 
 
 async def test_stop_is_idempotent_and_concurrent_stops_share_one_kill(world: World) -> None:
@@ -502,7 +510,7 @@ async def test_command_not_found_fails_without_retrying(world: World) -> None:
     inst = world.instance()
     with pytest.raises(StartFailed, match="command not found"):
         await start(inst)
-    assert inst.state is S.FAILED and world.exits == []
+    assert inst.state is S.FAILED and inst.exit_code is None  # there was no process
     await inst.stop("unload", timeout_s=1)
     assert inst.state is S.STOPPED
 
@@ -539,7 +547,7 @@ async def test_crash_while_draining_just_stops(world: World) -> None:
     await settle()
     assert inst.state is S.STOPPED
     assert world.states() == [S.STARTING, S.READY, S.DRAINING, S.STOPPED]
-    assert world.exits == [(1, "exited with code 1")]
+    assert (inst.exit_code, inst.last_error) == (1, "exited with code 1")
 
 
 async def test_a_death_just_before_a_stop_is_said_not_passed_off_as_a_clean_stop(
@@ -555,8 +563,8 @@ async def test_a_death_just_before_a_stop_is_said_not_passed_off_as_a_clean_stop
     assert inst.last_error == "killed by signal SIGKILL before the stop took effect"
 
 
-async def test_an_owner_restarted_instance_waits_in_backoff_for_its_owner(world: World) -> None:
-    inst = world.instance(restart_by_owner=True)
+async def test_an_instance_waits_in_backoff_for_its_owner(world: World) -> None:
+    inst = world.instance()
     await start(inst)
     world.launcher.spawned[0].exit(1)
     await settle()
@@ -636,7 +644,8 @@ async def test_a_stable_run_resets_the_attempt_count(world: World) -> None:
     inst = world.instance(policy)
     await start(inst)
     world.launcher.spawned[-1].exit(1)
-    await world.clock.advance(2)
+    await settle()
+    await (await world.restart_when_due(inst))
     assert inst.state is S.READY and inst.attempt == 1
     await world.clock.advance(61)
     world.launcher.spawned[-1].exit(1)
