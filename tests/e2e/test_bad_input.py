@@ -52,7 +52,7 @@ SERVER_ERROR_CODES = {
     "runtime_timeout",
 }
 PROPERTY = settings(
-    max_examples=200,
+    max_examples=100,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -548,7 +548,7 @@ def test_generated_requests_never_get_a_500(fuzzed: Daemon, prefix: str) -> None
     operations = _operations(fuzzed, prefix)
 
     @settings(
-        max_examples=200,
+        max_examples=100,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow],
