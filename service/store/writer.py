@@ -200,7 +200,7 @@ class StoreWriter:
                 return
             self._closed = True
             self._queue.put(_STOP)
-        if not self._thread.is_alive():
+        if self._thread.ident is None:
             self._run()  # never started: write what was put, here
             return
         self._thread.join(timeout)
