@@ -72,8 +72,8 @@ from service.scheduler import (
 )
 from service.supervisor.backoff import RestartPolicy, RestartTracker
 
-TICK_S = 0.2  # the orchestrator's tick (service.orchestrator.TICK_S)
-LEARN_STEP = 0.01  # service.sampling.LEARN_STEP
+TICK_S = 0.2  # the orchestrator's tick (service.kernel.orchestrator.TICK_S)
+LEARN_STEP = 0.01  # service.memory.sampling.LEARN_STEP
 OOM_ERROR = "CUDA error: out of memory"
 
 
