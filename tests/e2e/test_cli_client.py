@@ -11,27 +11,25 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.cli import VRAMD, Ran, cli_env
+from support.cli import vramd as run_cli
+from support.cli import vramd_process as run_cli_process
 from support.daemon import REPO_ROOT, Daemon, demo_command, policy_yaml, running_daemon
 from support.ports import free_port
-from typer.testing import CliRunner
 
-from service.cli import app
 from service.cli.admin_api import AdminClient, ApiError, DaemonUnreachable
 from service.cli.client import CtrlC
 from service.cli.windows import parse_at
 
-VRAMD = [sys.executable, "-m", "service.cli"]
 ADMIN_KEY = "operator-key-0123"
 
 
@@ -54,40 +52,12 @@ def services(demo_priority: int = 100) -> dict[str, dict[str, Any]]:
     }
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
-    env["COLUMNS"] = "200"  # rich tables are as wide as the terminal; there is none here
-    return {**env, **extra}
-
-
-@dataclass(frozen=True)
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def vramd(*args: str, url: str | None, **env: str) -> Ran:
-    """``vramd ARGS [--url URL]`` in this process (typer's ``CliRunner``), with ``env``
-    and without the test's own ``VRAMD_*``; ``vramd_process`` runs the real command."""
-    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("VRAMD_")}
-    result = CliRunner().invoke(
-        app, [*args, *(["--url", url] if url else [])], env={**unset, "COLUMNS": "200", **env}
-    )
-    # An exception that is not an exit is a crash a user would see as a traceback.
-    assert result.exception is None or isinstance(result.exception, SystemExit), result
-    return Ran(result.exit_code, result.stdout, result.stderr)
+    return run_cli(*args, *(["--url", url] if url else []), **env)
 
 
 def vramd_process(*args: str, url: str | None, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*VRAMD, *args, *(["--url", url] if url else [])],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env=cli_env(**env),
-        timeout=60,
-    )
+    return run_cli_process(*args, *(["--url", url] if url else []), **env)
 
 
 @pytest.fixture(scope="module")

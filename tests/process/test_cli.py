@@ -7,47 +7,13 @@ one smoke test per command group runs ``python -m service.cli`` as a real proces
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from support.cli import vramd, vramd_process
 from support.daemon import REPO_ROOT
-from typer.testing import CliRunner
-
-from service.cli import app
 
 INVALID = REPO_ROOT / "tests" / "policies" / "invalid"
-
-
-@dataclass(frozen=True)
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def vramd(*args: str) -> Ran:
-    """``vramd ARGS`` in this process, without the test's own ``VRAMD_*`` settings."""
-    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("VRAMD_")}
-    result = CliRunner().invoke(app, list(args), env=unset)
-    # An exception that is not an exit is a crash a user would see as a traceback.
-    assert result.exception is None or isinstance(result.exception, SystemExit), result
-    return Ran(result.exit_code, result.stdout, result.stderr)
-
-
-def vramd_process(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-        timeout=60,
-    )
 
 
 def test_check_and_db_upgrade_run_as_real_processes(tmp_path: Path) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cli import vramd_process
 from support.daemon import REPO_ROOT
 
 from service.importers import ImportFailed
@@ -203,37 +201,25 @@ def test_unusable_input_fails_clearly(config: str, message: str) -> None:
         convert(config, environ={})
 
 
-def vramd(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-        timeout=60,
-    )
-
-
 def test_command_prints_a_policy_that_vramd_check_accepts(tmp_path: Path) -> None:
     fixture = FIXTURES / "basic.yaml"
-    result = vramd("import", "llama-swap", str(fixture))
+    result = vramd_process("import", "llama-swap", str(fixture))
     assert result.returncode == 0, result.stderr
     assert result.stdout == convert(fixture.read_text(), source="basic.yaml")
     policy_file = tmp_path / "vramd.yaml"
     policy_file.write_text(result.stdout)
-    checked = vramd("check", str(policy_file))
+    checked = vramd_process("check", str(policy_file))
     assert checked.returncode == 0, checked.stderr
     assert "valid policy, 4 services" in checked.stdout
 
 
 def test_command_reports_a_bad_file_in_one_line(tmp_path: Path) -> None:
-    missing = vramd("import", "llama-swap", str(tmp_path / "nope.yaml"))
+    missing = vramd_process("import", "llama-swap", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 1
     assert missing.stderr.startswith(f"vramd: {tmp_path / 'nope.yaml'}: cannot read")
     not_llamaswap = tmp_path / "other.yaml"
     not_llamaswap.write_text("version: 1\nservices: {}\n")
-    result = vramd("import", "llama-swap", str(not_llamaswap))
+    result = vramd_process("import", "llama-swap", str(not_llamaswap))
     assert result.returncode == 1
     assert result.stderr == (
         f"vramd: {not_llamaswap}: not a llama-swap config: it has no 'models:' mapping\n"
@@ -523,11 +509,11 @@ def test_every_key_of_a_current_config_is_mapped_or_commented() -> None:
 
 def test_current_format_command_output_passes_vramd_check(tmp_path: Path) -> None:
     fixture = FIXTURES / "full.yaml"
-    result = vramd("import", "llama-swap", str(fixture))
+    result = vramd_process("import", "llama-swap", str(fixture))
     assert result.returncode == 0, result.stderr
     policy_file = tmp_path / "vramd.yaml"
     policy_file.write_text(result.stdout)
-    checked = vramd("check", str(policy_file))
+    checked = vramd_process("check", str(policy_file))
     assert checked.returncode == 0, checked.stderr
     assert "valid policy, 2 services" in checked.stdout
 
