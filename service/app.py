@@ -20,9 +20,8 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -70,6 +69,8 @@ class Daemon:
     orchestrator: Orchestrator
     metrics: Metrics
     lock: DatabaseLock
+    # Renews /metrics' snapshot of vramd's own series while someone scrapes.
+    metrics_refresh: asyncio.Task[None] | None = None
 
 
 def build_orchestrator(
@@ -112,7 +113,7 @@ def build_orchestrator(
         tick_s=TICK_S, sample_interval_s=policy.device.sample_interval,
         grace_s=settings.liveness_grace_s, stall_after_s=settings.watchdog_stall_s,
     )  # fmt: skip
-    metrics = metrics or new_metrics(lambda: orchestrator.status(), backend=probe.backend)
+    metrics = metrics or new_metrics(lambda: orchestrator, policy, backend=probe.backend)
     waiters, tickets = Waiters(), Tickets()
     effects = KernelEffects(
         feed=pump.feed,
@@ -195,10 +196,16 @@ def _memory_truth(
     return doctor, sampler
 
 
-def new_metrics(status: Callable[[], dict[str, Any]], *, backend: str) -> Metrics:
-    """The exposition; it reads the status at each scrape, so ``status`` may be bound
-    to an orchestrator built after it."""
-    return Metrics(status, version=__version__, backend=backend)
+def new_metrics(kernel: Callable[[], Orchestrator], policy: Policy, *, backend: str) -> Metrics:
+    """The exposition; it asks the orchestrator only when scraped, so ``kernel`` may
+    answer one built after it."""
+    return Metrics(
+        lambda: kernel().status(),
+        node_load=lambda: kernel().node_load(),
+        version=__version__,
+        backend=backend,
+        refresh_s=policy.device.sample_interval,
+    )
 
 
 def restore_stats(store: Store, runtimes: RuntimeTable) -> dict[str, Learned]:
@@ -323,7 +330,7 @@ async def _start_daemon(
         lock.release()
         raise
     try:
-        metrics = new_metrics(lambda: orchestrator.status(), backend=probe.backend)
+        metrics = new_metrics(lambda: orchestrator, policy, backend=probe.backend)
         orchestrator = build_orchestrator(
             policy=policy,
             store=store,
@@ -349,10 +356,15 @@ async def _start_daemon(
         clock=clock,
         orchestrator=orchestrator,
         metrics=metrics,
+        metrics_refresh=asyncio.create_task(metrics.keep_fresh(), name="metrics snapshot"),
     )
 
 
 async def _stop_daemon(daemon: Daemon, *, own_probe: bool) -> None:
+    if daemon.metrics_refresh is not None:
+        daemon.metrics_refresh.cancel()
+        with suppress(asyncio.CancelledError):
+            await daemon.metrics_refresh
     try:
         await daemon.orchestrator.close()
     finally:

@@ -76,6 +76,15 @@ class Adapter(Protocol):
         """Prometheus text from the service's ``metrics:`` path → the figures vramd records."""
         ...
 
+    @property
+    def slots_path(self) -> str | None:
+        """Where the runtime lists its request slots (llama.cpp: ``/slots``), if it does."""
+        ...
+
+    def kv_from_slots(self, payload: object) -> float | None:
+        """KV-cache use (0..1) from the JSON at ``slots_path``; ``None`` if it does not say."""
+        ...
+
 
 @dataclass(frozen=True)
 class BaseAdapter:
@@ -87,12 +96,16 @@ class BaseAdapter:
     name: str
     health_path: str = "/health"
     oom_patterns: tuple[re.Pattern[str], ...] = ()
+    slots_path: str | None = None
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300
 
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         return RuntimeMetrics(raw=MappingProxyType(parse_prometheus(text)))
+
+    def kv_from_slots(self, payload: object) -> float | None:
+        return None
 
 
 def find_oom(adapter: Adapter, text: str) -> str | None:

@@ -14,6 +14,12 @@ Metrics: served at ``/metrics`` only when started with ``--metrics``. The reques
 May 2025 (ggml-org/llama.cpp#13660) as too implementation-specific, so on current builds
 the KV-cache fields are ``None`` and vramd splits the footprint without them.
 
+KV use from ``GET /slots`` instead (on by default; ``--no-slots`` turns it off): each
+slot reports its context (``n_ctx``) and, while it works, the tokens it holds
+(``n_prompt_tokens``: prompt and generated so far; ``n_past`` in some builds). The share
+held by busy slots is the runtime's KV use as vLLM counts it: an idle slot's cached
+prompt can be dropped at once, so it is not load.
+
 Shutdown: SIGTERM runs the server's handler, which finishes and returns 0; a second
 signal makes it exit(1) at once, which we only send as SIGKILL anyway.
 """
@@ -62,6 +68,9 @@ class LlamaCppAdapter(BaseAdapter):
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return ggml_health_ok(status_code, body)
 
+    def kv_from_slots(self, payload: object) -> float | None:
+        return slots_kv_usage(payload)
+
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         samples = MetricSamples.parse(text)
         return RuntimeMetrics(
@@ -73,8 +82,33 @@ class LlamaCppAdapter(BaseAdapter):
         )
 
 
+def slots_kv_usage(payload: object) -> float | None:
+    """Tokens held by busy slots over the context of every slot, from ``GET /slots``;
+    ``None`` when the answer is not a slot list with contexts."""
+    if not isinstance(payload, list) or not payload:
+        return None
+    context = held = 0
+    for slot in payload:
+        n_ctx = slot.get("n_ctx") if isinstance(slot, dict) else None
+        if not isinstance(n_ctx, int) or n_ctx <= 0:
+            return None
+        context += n_ctx
+        if slot.get("is_processing"):
+            held += min(n_ctx, _slot_tokens(slot))
+    return as_ratio(held / context)
+
+
+def _slot_tokens(slot: dict[str, object]) -> int:
+    for key in ("n_prompt_tokens", "n_past"):
+        value = slot.get(key)
+        if isinstance(value, int) and value >= 0:
+            return value
+    return 0
+
+
 LLAMA_CPP = LlamaCppAdapter(
     name="llama.cpp",
     health_path="/health",
     oom_patterns=GGML_OOM_PATTERNS,
+    slots_path="/slots",
 )

@@ -30,20 +30,28 @@ FIRST_TOKEN = 3  # 0-2 are llama.cpp's special tokens
 BOS_TOKEN = 1
 
 
-def _slot(index: int, opts: Options, busy: bool) -> dict[str, Any]:
-    return {
+def _slot(index: int, opts: Options, held: int | None) -> dict[str, Any]:
+    slot: dict[str, Any] = {
         "id": index,
         "id_task": -1,
         "n_ctx": CONTEXT_TOKENS // opts.parallel,  # llama.cpp splits its context across slots
         "speculative": False,
-        "is_processing": busy,
+        "is_processing": held is not None,
     }
+    if held is not None:
+        slot["n_prompt_tokens"] = held  # prompt and generated tokens the slot holds
+    return slot
 
 
 def slots(runtime: Runtime) -> Reply:
-    """One entry per ``--parallel`` slot; the first ones are busy while requests run."""
-    opts, busy = runtime.opts, runtime.in_flight
-    return json_reply([_slot(index, opts, index < busy) for index in range(opts.parallel)])
+    """One entry per ``--parallel`` slot; the first ones are busy while requests run,
+    each holding an even share of the tokens of the requests in flight."""
+    opts = runtime.opts
+    busy, tokens = runtime.busy_tokens()
+    share = tokens // busy if busy else 0
+    return json_reply(
+        [_slot(index, opts, share if index < busy else None) for index in range(opts.parallel)]
+    )
 
 
 def props(runtime: Runtime) -> Reply:

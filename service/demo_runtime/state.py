@@ -67,6 +67,11 @@ class Runtime:
         with self._lock:
             return self._in_flight
 
+    def busy_tokens(self) -> tuple[int, int]:
+        """Requests in flight and the KV tokens they hold (prompt and reply)."""
+        with self._lock:
+            return self._in_flight, self._kv_tokens
+
     def begin(self, tokens: int) -> int:
         """Account for an inference request; returns its 1-based number."""
         with self._lock:

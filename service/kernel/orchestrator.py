@@ -36,7 +36,7 @@ from service.kernel.background import BackgroundTasks
 from service.kernel.effects import Counters, KernelEffects
 from service.kernel.startup_reaping import reap_previous_daemon
 from service.kernel.tickets import Tickets
-from service.kernel.views import memory_view, service_view, status_view
+from service.kernel.views import NodeLoad, memory_view, service_load, service_view, status_view
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
@@ -463,6 +463,22 @@ class Orchestrator:
             headroom=self._headroom,
             services=self.services_view(),
         )
+
+    def node_load(self) -> NodeLoad:
+        """Queues, residency and KV use, for ``/metrics`` at a router's 20 scrapes a second:
+        the kernel's counts and the sampler's figures, nothing asked of a device."""
+        scheduler, now, watches = self.scheduler, self._clock.monotonic(), self.doctor.watches
+        services = tuple(
+            service_load(rt, scheduler.service_view(name, now), watches.get(name))
+            for name, rt in self.runtimes.items()
+        )
+        budget = charged = 0
+        for device in scheduler.devices():
+            ledger = scheduler.ledger_view(device)
+            if ledger is not None:
+                budget += ledger.budget
+                charged += sum(ledger.charges.values())
+        return NodeLoad(services, budget_bytes=budget, charged_bytes=charged)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""

@@ -1,12 +1,14 @@
 """JSON views of live state for the admin API, ``vramd ps`` and the dashboard.
 
 Pure functions of what the orchestrator hands them, so the shape of ``GET
-/api/services`` (docs/api.md) is defined in one place.
+/api/services`` (docs/api.md) is defined in one place; and ``NodeLoad``, the few figures
+a cluster router reads from ``/metrics`` many times a second.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from service.domain import ProbeReading
@@ -137,7 +139,39 @@ def memory_view(rt: ServiceRuntime, watch: InstanceWatch | None) -> dict[str, An
         "host_bytes": rt.host_bytes,
         "weights_bytes": watch.weights_bytes if watch else None,
         "growth_bytes": watch.growth_bytes() if watch else None,
-        "kv_cache_usage_ratio": metrics.kv_cache_usage_ratio if metrics else None,
+        "kv_cache_usage_ratio": watch.kv_usage if watch else None,
         "kv_cache_tokens": metrics.kv_cache_tokens if metrics else None,
         "runtime_requests_running": metrics.requests_running if metrics else None,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLoad:
+    """One service as a cluster router sees it (docs/api.md, "GET /metrics")."""
+
+    models: tuple[str, ...]
+    state: str
+    in_flight: int
+    queued: int
+    waiting_for_memory: bool
+    kv_usage: float | None  # 0..1, where the runtime reports it
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """This machine's load and residency: what ``vllm:*`` series are made of."""
+
+    services: tuple[ServiceLoad, ...]
+    budget_bytes: int  # over every device vramd may use
+    charged_bytes: int  # of that, charged to services
+
+
+def service_load(rt: ServiceRuntime, view: ServiceView, watch: InstanceWatch | None) -> ServiceLoad:
+    return ServiceLoad(
+        models=tuple(rt.spec.models),
+        state=rt.instance.state.value,
+        in_flight=view.in_flight,
+        queued=view.queued,
+        waiting_for_memory=view.waiting_for_memory,
+        kv_usage=watch.kv_usage if watch else None,
+    )

@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -44,6 +45,16 @@ RECENT_INSTANCES = 5
 # A new learned peak is persisted only when it grows by more than this fraction, so a
 # slowly warming cache does not write a row every second.
 LEARN_STEP = 0.01
+
+
+async def _slots_kv(client: httpx.AsyncClient, path: str, rt: ServiceRuntime) -> float | None:
+    response = await client.get(path, timeout=1.0)
+    if response.status_code != 200:
+        return None
+    try:
+        return rt.adapter.kv_from_slots(response.json())
+    except ValueError:
+        return None
 
 
 def recent_peak(recent: Iterable[int | None], rt: ServiceRuntime) -> int | None:
@@ -202,24 +213,32 @@ class Sampler:
             self._on_finding(rt, finding)
 
     async def scrape_metrics(self) -> None:
-        """Runtime metrics (KV cache use) of ready services that set ``metrics:``."""
+        """Runtime metrics of ready services that set ``metrics:``, and KV-cache use from
+        the slot list of runtimes that publish no KV gauge but list their slots."""
         targets = [
             rt
             for rt in self._runtimes.values()
-            if rt.spec.metrics and rt.client is not None and self._watches.get(rt.name)
+            if (rt.spec.metrics or rt.adapter.slots_path)
+            and rt.client is not None
+            and self._watches.get(rt.name)
         ]
         await asyncio.gather(*(self._scrape(rt) for rt in targets))
 
     async def _scrape(self, rt: ServiceRuntime) -> None:
         client, watch, path = rt.client, self._watches.get(rt.name), rt.spec.metrics
-        if client is None or watch is None or path is None:
+        if client is None or watch is None:
             return
-        try:
-            response = await client.get(path, timeout=1.0)
-        except httpx.HTTPError:
-            return  # a busy runtime may be slow to answer; the next sample will try again
-        if response.status_code == 200:
-            watch.metrics = rt.adapter.parse_metrics(response.text)
+        # A busy runtime may be slow to answer: the next sample tries again.
+        with suppress(httpx.HTTPError):
+            if path is not None:
+                response = await client.get(path, timeout=1.0)
+                if response.status_code == 200:
+                    watch.metrics = rt.adapter.parse_metrics(response.text)
+            slots = rt.adapter.slots_path
+            if slots is not None and (
+                watch.metrics is None or watch.metrics.kv_cache_usage_ratio is None
+            ):
+                watch.slots_kv = await _slots_kv(client, slots, rt)
 
     def _learn_peak(self, rt: ServiceRuntime) -> None:
         learned = self._view.service_view(rt.name)

@@ -43,7 +43,15 @@ class InstanceWatch:
     host: deque[Sample] = field(default_factory=lambda: deque(maxlen=SERIES_LEN))
     weights_bytes: int | None = None
     metrics: RuntimeMetrics | None = None
+    # KV-cache use from the runtime's slot list, where its metrics carry no KV gauge.
+    slots_kv: float | None = None
     reported: set[str] = field(default_factory=set)
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV-cache use, 0..1: the runtime's own gauge, else what its slots hold."""
+        gauge = self.metrics.kv_cache_usage_ratio if self.metrics else None
+        return gauge if gauge is not None else self.slots_kv
 
     def observe(
         self, *, t: float, device_bytes: int, host_bytes: int, requests_served: int

@@ -6,6 +6,7 @@
     export VRAMD_SIMULATED_GPUS=/tmp/gpus.json
     python -m service.simgpu hold --device 0 --bytes 2GiB    # a foreign process, until killed
     python -m service.simgpu fail --function nvmlDeviceGetMemoryInfo --error GPU_IS_LOST
+    python -m service.simgpu hang --seconds 10   # every NVML call blocks until then
     python -m service.simgpu show [--json]
 
 Every command but ``init`` finds the state through ``--state`` or ``VRAMD_SIMULATED_GPUS``.
@@ -101,6 +102,12 @@ def fail(args: argparse.Namespace) -> int:
     return 0
 
 
+def hang(args: argparse.Namespace) -> int:
+    with _file(args).update() as state:
+        state.hang_until = time.time() + args.seconds
+    return 0
+
+
 def show(args: argparse.Namespace) -> int:
     state = _file(args).current()
     if args.json:
@@ -170,10 +177,13 @@ def parser() -> argparse.ArgumentParser:
     script.add_argument("--error", required=True, help="e.g. GPU_IS_LOST, UNKNOWN")
     script.add_argument("--calls", type=int, default=1)
     script.set_defaults(run=fail)
+    stall = commands.add_parser("hang", help="make every NVML call block for a while")
+    stall.add_argument("--seconds", type=float, required=True)
+    stall.set_defaults(run=hang)
     look = commands.add_parser("show", help="print the state")
     look.add_argument("--json", action="store_true")
     look.set_defaults(run=show)
-    for sub in (keep, script, look):
+    for sub in (keep, script, stall, look):
         sub.add_argument("--state", help=f"the state file (default: ${ENV})")
     return p
 

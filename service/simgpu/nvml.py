@@ -17,6 +17,8 @@ driver:
   that kind on the device; ``usedGpuMemory`` is the pid's whole use there (a pid with both
   kinds appears in both lists with the same figure, as NVML reports it).
 - Scripted errors (``errors`` in the state) make the next N calls of a function raise.
+- A scripted hang (``hang_until``) blocks every call until then: a driver that stopped
+  answering, which must stall nothing but the probe's own thread.
 
 The error classes and codes are ``pynvml``'s own, re-exported, so ``except
 nvml.NVMLError`` and ``NVMLError(code)`` mapping to a subclass behave as in production.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import pynvml
@@ -105,6 +108,9 @@ def _enter(function: str, *, needs_init: bool = True) -> State:
     file = _file or StateFile.from_env()
     try:
         state = file.current()
+        while (hang := state.hang_until - time.time()) > 0:
+            time.sleep(min(hang, 0.1))  # until then, or until the hang is lifted
+            state = file.current()
         if function in state.errors:
             with file.update() as state:
                 scripted = state.errors.get(function)

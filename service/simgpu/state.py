@@ -19,6 +19,8 @@ memory", foreign holders and gpucheck's children are separate processes, so what
   down, and that is what vramd's settle barrier waits for.
 - ``errors``: scripted NVML failures, a function name -> an NVML error name and how many
   of the next calls raise it.
+- ``hang_until``: a wall-clock time before which every NVML call blocks, as calls into a
+  driver that stopped answering do (a GPU fallen off the bus hangs ``nvidia-smi``).
 
 Writers take an exclusive ``flock`` on a side file (``PATH.lock``; the state file itself
 is replaced on every write, so it cannot carry the lock), read, change, write a temporary
@@ -95,6 +97,7 @@ class State:
     allocations: list[Allocation] = field(default_factory=list)
     errors: dict[str, ScriptedError] = field(default_factory=dict)
     next_id: int = 1
+    hang_until: float = 0.0
 
     def used(self, device: int) -> int:
         """Bytes held on ``device``: live allocations and dead ones still listed."""
@@ -131,6 +134,7 @@ class State:
                 allocations=[Allocation(**a) for a in data["allocations"]],
                 errors={k: ScriptedError(**v) for k, v in data["errors"].items()},
                 next_id=int(data["next_id"]),
+                hang_until=float(data.get("hang_until", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed simulated-GPU state: {exc!r}") from exc

@@ -1,9 +1,9 @@
 """``GET /metrics``: the Prometheus exposition of ``service.api.metrics``.
 
-Unit tests build ``Metrics`` on a fake status view (the collector reads it at each
-scrape) and drive the live instruments directly. End-to-end tests scrape a real
-``vramd serve`` running two demo services, one pinned, and send real requests through
-``/v1`` to watch the request counter and histograms move.
+Unit tests build ``Metrics`` on a fake status view (read when a scrape finds the
+snapshot of vramd's series stale) and drive the live instruments directly. End-to-end
+tests scrape a real ``vramd serve`` running two demo services, one pinned, and send real
+requests through ``/v1`` to watch the request counter and histograms move.
 """
 
 from __future__ import annotations
@@ -114,13 +114,20 @@ def scrape(metrics: Metrics) -> str:
     return body.decode()
 
 
-def test_status_is_read_at_scrape_time_only(metrics: Metrics, status: FakeStatus) -> None:
+def test_status_is_read_when_scraped_and_again_once_the_snapshot_is_stale(
+    status: FakeStatus,
+) -> None:
+    now = [0.0]
+    metrics = Metrics(status, version="9.9.9", backend="nvml", clock=lambda: now[0])
     assert status.reads == 0  # building the registry reads nothing
     text = scrape(metrics)
     assert status.reads == 1
     assert value(text, "vramd_service_in_flight", service="chat") == 2
     status.view["services"][0]["in_flight"] = 7
+    assert value(scrape(metrics), "vramd_service_in_flight", service="chat") == 2
+    now[0] += 3.0  # three sample intervals later, nothing having kept the snapshot fresh
     assert value(scrape(metrics), "vramd_service_in_flight", service="chat") == 7
+    assert status.reads == 2
 
 
 def test_info_and_device_gauges(metrics: Metrics) -> None:
@@ -303,10 +310,18 @@ def test_requests_are_counted(daemon: Daemon) -> None:
     assert daemon.post("/v1/embeddings", json=embed, timeout=30).status_code == 200
     missing = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
     assert daemon.post("/v1/chat/completions", json=missing).status_code == 404
-    after = scrape_daemon(daemon)
+    # vramd's own series are renewed once per sample interval (0.2 s here) while scraped.
+    after = ""
 
     def grew(name: str, **labels: str) -> float:
         return (value(after, name, **labels) or 0) - (value(before, name, **labels) or 0)
+
+    def counted() -> bool:
+        nonlocal after
+        after = scrape_daemon(daemon)
+        return grew("vramd_requests_total", code="model_not_found") == 1
+
+    daemon.wait_for(counted, timeout=10)
 
     assert grew("vramd_requests_total", service="chat", code="ok") == 1
     assert grew("vramd_requests_total", service="embed", code="ok") == 1

@@ -52,6 +52,11 @@ class SimulatedGpus:
         with self.file.update() as state:
             state.errors[function] = ScriptedError(error, calls)
 
+    def hang(self, seconds: float) -> None:
+        """Every NVML call blocks for ``seconds`` from now (0: answer again at once)."""
+        with self.file.update() as state:
+            state.hang_until = time.time() + seconds if seconds > 0 else 0.0
+
     def policy(self, services: dict[str, dict[str, Any]], **keys: Any) -> str:
         """An ``nvml`` policy; ``keys`` go to ``policy_yaml`` (no ``budget``: each GPU's total)."""
         return policy_yaml(services, **{"budget": None, **keys, "backend": "nvml"})
