@@ -46,6 +46,7 @@ vramd's own series (``device`` is the device index, ``service`` the service name
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -60,6 +61,8 @@ from prometheus_client.registry import Collector
 from service.api.router_metrics import router_exposition
 from service.domain import InstanceState
 from service.kernel.views import NodeLoad
+
+log = logging.getLogger("vramd.metrics")
 
 StatusSource = Callable[[], Mapping[str, Any]]
 NodeLoadSource = Callable[[], NodeLoad]
@@ -304,8 +307,12 @@ class Metrics:
         while True:
             await asyncio.sleep(self._refresh_s)
             scraped = self._scraped_at
-            if scraped is not None and self._clock() - scraped <= WATCHED_FOR_S:
+            if scraped is None or self._clock() - scraped > WATCHED_FOR_S:
+                continue
+            try:
                 await asyncio.to_thread(self._take, self._status())
+            except Exception:  # a bug in a view: keep the last snapshot, say so, go on
+                log.exception("the /metrics snapshot was not renewed")
 
     def _take(self, status: Mapping[str, Any]) -> Snapshot:
         taken_at = self._clock()
