@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
+.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -89,6 +89,21 @@ bench: $(VENV)/.installed-dev
 # targets (docs/benchmarks.md); a few minutes on 2 cores (--jobs: one trace per CPU).
 bench-sweep: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.sweep --json bench/out/sweep.json --markdown bench/out/sweep.md
+
+# An hour at four times a 24 GiB box's busy rate (4 x 0.5 requests per second) over four
+# simulated vramd nodes behind the endpoint picker's scorers and round robin
+# (docs/benchmarks.md, "Many machines"); about a minute and a half on 2 cores.
+FLEET_NODES := 4
+FLEET_RATE  := 2.0
+
+bench-fleet: $(VENV)/.installed-dev
+	@mkdir -p bench/out
+	$(BIN)/python -m bench.traces.generate --alpha 0.9 --cv 1 --seed 1 --duration 3600 \
+	  --rate $(FLEET_RATE) --out bench/out/fleet-trace.jsonl
+	$(BIN)/python -m bench.fleet --policy $(BENCH_POLICY).yaml \
+	  --bench-data $(BENCH_POLICY).bench.yaml --trace bench/out/fleet-trace.jsonl \
+	  --nodes $(FLEET_NODES) --routers affinity,affinity-first,round-robin \
+	  --json bench/out/fleet.json --markdown bench/out/fleet.md
 
 # How the protect defaults were chosen (docs/benchmarks.md#protect): 9 pairs of defaults
 # over the sweep's traces, about 25 minutes on 2 cores (--quick: a fifth of that).

@@ -28,12 +28,23 @@ DRAIN_LIMIT_S = 6 * 3600.0
 
 
 class World:
-    def __init__(self, setup: Setup, trace: Sequence[TraceRequest], *, unlimited: bool) -> None:
+    """One box on a clock, recording into a recorder: its own unless given them (the
+    nodes of ``bench.sim.fleet`` share one clock and one recorder)."""
+
+    def __init__(
+        self,
+        setup: Setup,
+        trace: Sequence[TraceRequest],
+        *,
+        unlimited: bool,
+        clock: VirtualClock | None = None,
+        rec: Recorder | None = None,
+    ) -> None:
         self.setup = setup
         self.trace = trace
-        self.clock = VirtualClock()
+        self.clock = VirtualClock() if clock is None else clock
         self.box = SimBox(setup.devices, None if unlimited else setup.device_total)
-        self.rec = Recorder(setup, trace)
+        self.rec = Recorder(setup, trace) if rec is None else rec
         self.horizon = max((r.t for r in trace), default=0.0)
 
     @property
