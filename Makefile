@@ -102,7 +102,7 @@ bench-fleet: $(VENV)/.installed-dev
 	  --rate $(FLEET_RATE) --out bench/out/fleet-trace.jsonl
 	$(BIN)/python -m bench.fleet --policy $(BENCH_POLICY).yaml \
 	  --bench-data $(BENCH_POLICY).bench.yaml --trace bench/out/fleet-trace.jsonl \
-	  --nodes $(FLEET_NODES) --routers affinity,affinity-first,round-robin \
+	  --nodes $(FLEET_NODES) --routers affinity,picker-default,round-robin \
 	  --json bench/out/fleet.json --markdown bench/out/fleet.md
 
 # How the protect defaults were chosen (docs/benchmarks.md#protect): 9 pairs of defaults

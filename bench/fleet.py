@@ -1,21 +1,22 @@
 """Replay a trace over N simulated vramd nodes behind the endpoint picker, and round robin.
 
     python -m bench.fleet --policy POLICY.yaml --bench-data BENCH.yaml --trace TRACE.jsonl \\
-        --nodes 4 [--routers affinity,affinity-first,round-robin] \\
-        [--weights queue=2,kv=2,lora=1] [--seed 0] [--scrape-s 0.05] \\
+        --nodes 4 [--routers affinity,picker-default,round-robin] \\
+        [--weights queue=1,kv=1,lora=10] [--seed 0] [--scrape-s 0.05] \\
         [--json OUT] [--markdown OUT]
 
 One vramd runs per machine; a pool of machines sits behind a router. Each node here is
 the simulated daemon ``bench.replay`` runs, on its own box of the policy's size, all on
 one virtual clock (``bench.sim.fleet``). ``affinity`` routes as the Gateway API inference
 extension's endpoint picker does with its queue, KV-cache and LoRA-affinity scorers over
-each node's /metrics, at the picker's default weights or ``--weights``;
-``affinity-first`` is the same with LoRA affinity weighted to decide before load;
-``round-robin`` sends request i to node i mod N (``bench.sim.routers``).
+each node's /metrics, at the weights of the picker configuration vramd ships
+(``deploy/kubernetes``) or ``--weights``; ``picker-default`` is the same at the
+picker's own default weights; ``round-robin`` sends request i to node i mod N
+(``bench.sim.routers``).
 
 The figures are ``bench.replay``'s over every request of the trace, plus per node the
 requests routed there and the loads it started, and per router where requests went
-(``bench.sim.fleet.PLACEMENTS``). ``targets`` holds the two claims each affinity router
+(``bench.sim.fleet.PLACEMENTS``). ``targets`` holds the two claims each scoring router
 is held to against round robin: at most half its loads, and at least as many requests
 served within their timeouts.
 """
@@ -41,7 +42,7 @@ from bench.report import (
     write_outputs,
 )
 from bench.sim.fleet import PLACEMENTS, SCRAPE_S, FleetResult, run_fleet
-from bench.sim.routers import AFFINITY_FIRST, ROUTERS, Weights, make_router
+from bench.sim.routers import PICKER_DEFAULT, ROUTERS, Weights, make_router
 from bench.sim.setup import Setup
 from bench.sim.trace import TraceRequest, load_trace
 from service.units import parse_size
@@ -91,14 +92,14 @@ def router_summary(result: FleetResult) -> dict[str, Any]:
 
 
 def check_targets(routers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each affinity router against round robin: half the cold starts or fewer, and at
+    """Each scoring router against round robin: half the cold starts or fewer, and at
     least as many requests served within their timeouts."""
     rr = routers.get("round-robin")
     if rr is None:
         return []
     out = []
     for name, fig in routers.items():
-        if not name.startswith("affinity"):
+        if name == "round-robin":
             continue
         cold, cold_rr = fig["cold_starts"], rr["cold_starts"]
         served, served_rr = fig["served_within_timeout"], rr["served_within_timeout"]
@@ -191,7 +192,7 @@ def placement_rows(report: Mapping[str, Any]) -> list[list[str]]:
 def _tables(report: Mapping[str, Any]) -> list[tuple[str, Sequence[str], list[list[str]]]]:
     view = _as_replay(report)
     node_columns, nodes = node_rows(report)
-    weights = f"affinity {report['affinity']['weights']}, affinity-first {AFFINITY_FIRST}"
+    weights = f"affinity {report['affinity']['weights']}, picker-default {PICKER_DEFAULT}"
     tables = [
         (fleet_title(report), FLEET_COLUMNS, main_rows(view)),
         ("per priority class", FLEET_CLASS_COLUMNS, class_rows(view)),

@@ -11,19 +11,19 @@ weighted sum as its ``max-score-picker`` does:
   0.8 when the node has room for one more (running + waiting names below its maximum);
   else 0.6 when the model is waiting to load there; else 0.
 
-The weights default to the picker's default profile (queue 2, kv-cache 2; its prefix
-scorer at 3 has nothing to tell nodes apart in a trace without prompts) with the LoRA
-affinity scorer added at the weight a scorer gets when listed without one (1).
+``affinity`` weighs the scorers as the picker configuration vramd ships does
+(``deploy/kubernetes/inferencepool.yaml``): LoRA affinity 10, queue 1, KV cache 1.
+LoRA affinity's 0.2 step between a node running the model and one with room, times 10,
+covers the most the two load scorers can swing (1 + 1), so a node running the model
+never scores below one without it, and load chooses among such nodes. ``--weights``
+changes them. ``picker-default`` is the picker's own default profile (queue 2, KV cache
+2; its prefix-cache scorer, 3, has nothing to tell nodes apart in a trace without
+prompts) with LoRA affinity added at the weight a scorer gets when listed without one
+(1). At those weights a node whose budget is charged 10 % more loses the model's
+requests to an emptier one: vramd reports memory charged as its KV use when runtimes
+report none, and a node that holds a model is charged for it.
 Ties go to a uniformly random node among the best, as the picker's shuffle before its
 stable sort does; the random stream is seeded, so a run is a pure function of its inputs.
-
-``affinity-first`` is the same router at ``AFFINITY_FIRST`` (queue 2, kv-cache 2, LoRA
-affinity 20): LoRA affinity's 0.2 step between a node running the model and one with
-room, times 20, covers the most the two load scorers can swing (2 + 2), so a node
-running the model never scores below one without it, and load chooses among such
-nodes. At the default weights a node whose budget is charged 10 % more loses the
-model's requests to an emptier one; vramd reports memory charged as its KV use, and a
-node that holds a model is charged for it.
 
 ``RoundRobinRouter`` sends request ``i`` of the trace to node ``i mod N``.
 """
@@ -44,13 +44,15 @@ LORA_WAITING = 0.6
 
 @dataclass(frozen=True, slots=True)
 class Weights:
-    queue: float = 2.0
-    kv: float = 2.0
-    lora: float = 1.0
+    """The scorers' weights; the defaults are those of the configuration vramd ships."""
+
+    queue: float = 1.0
+    kv: float = 1.0
+    lora: float = 10.0
 
     @classmethod
     def parse(cls, text: str) -> Weights:
-        """``queue=2,kv=2,lora=1`` (any subset; the rest keep their defaults)."""
+        """``queue=1,kv=1,lora=10`` (any subset; the rest keep their defaults)."""
         default = cls()
         values = {"queue": default.queue, "kv": default.kv, "lora": default.lora}
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -120,16 +122,16 @@ class RoundRobinRouter:
         return index % len(metrics)
 
 
-ROUTERS = ("affinity", "affinity-first", "round-robin")
-AFFINITY_FIRST = Weights(queue=2.0, kv=2.0, lora=20.0)
+ROUTERS = ("affinity", "picker-default", "round-robin")
+PICKER_DEFAULT = Weights(queue=2.0, kv=2.0, lora=1.0)
 
 
 def make_router(name: str, *, weights: Weights = Weights(), seed: int = 0) -> Router:
-    """A router by name; ``weights`` are ``affinity``'s (``affinity-first`` has its own)."""
+    """A router by name; ``weights`` are ``affinity``'s (``picker-default`` has its own)."""
     if name == "affinity":
         return AffinityRouter(weights, seed)
-    if name == "affinity-first":
-        router = AffinityRouter(AFFINITY_FIRST, seed)
+    if name == "picker-default":
+        router = AffinityRouter(PICKER_DEFAULT, seed)
         router.name = name
         return router
     if name == "round-robin":

@@ -1,10 +1,11 @@
 """bench.fleet: a trace over simulated vramd nodes behind the endpoint picker's scorers.
 
 The fleet runs on ``bench/traces/fleet-small.jsonl`` (301 requests over five minutes on
-the ten-services policy). The cold-start comparison uses ``affinity-first``, the
-picker's scorers with LoRA affinity weighted to decide before load: with the picker's
-default weights the comparison goes either way on traces this short (docs/benchmarks.md,
-"Many machines").
+the ten-services policy). ``affinity`` is the picker's scorers at the weights of the
+configuration vramd ships (``deploy/kubernetes/inferencepool.yaml``: LoRA affinity
+decides before load); with the picker's own default weights (``picker-default``) the
+comparison with round robin goes either way on traces this short (docs/benchmarks.md,
+"Many machines (bench.fleet)").
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.fleet import build_report, replay_fleet
 from bench.replay import load_setup
 from bench.sim.fleet import FleetNode, FleetResult, NodeMetrics, node_metrics
 from bench.sim.harness import World
 from bench.sim.routers import (
-    AFFINITY_FIRST,
+    PICKER_DEFAULT,
     AffinityRouter,
     RoundRobinRouter,
     Weights,
@@ -34,7 +36,7 @@ POLICY = BENCH / "policies" / "ten-services.yaml"
 BENCH_DATA = BENCH / "policies" / "ten-services.bench.yaml"
 TRACE = BENCH / "traces" / "fleet-small.jsonl"
 NODES = 3
-ROUTERS = ("affinity", "affinity-first", "round-robin")
+ROUTERS = ("affinity", "picker-default", "round-robin")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +54,10 @@ def results(setup: Setup, trace: list[TraceRequest]) -> dict[str, FleetResult]:
     return replay_fleet(setup, trace, NODES, ROUTERS)
 
 
-def test_affinity_first_loads_fewer_models_than_round_robin(
+def test_affinity_loads_fewer_models_than_round_robin(
     results: dict[str, FleetResult],
 ) -> None:
-    first, robin = results["affinity-first"].summary, results["round-robin"].summary
+    first, robin = results["affinity"].summary, results["round-robin"].summary
     assert first["cold_starts"] < robin["cold_starts"]
     assert first["served_within_timeout"] >= robin["served_within_timeout"]
 
@@ -100,7 +102,7 @@ def test_the_report_holds_every_router_and_the_targets(
     assert [n["routed"] for n in nodes] == results["round-robin"].routed
     checked = {(t["router"], t["name"]): t["met"] for t in report["targets"]}
     assert set(checked) == {(r, n) for r in ROUTERS[:2] for n in ("cold", "served")}
-    assert checked["affinity-first", "served"]
+    assert checked["affinity", "served"]
 
 
 def busy_node(setup: Setup) -> FleetNode:
@@ -161,19 +163,19 @@ def metrics(
 
 def test_affinity_prefers_the_node_running_the_model() -> None:
     resident, other = metrics(running=("coder",)), metrics(running=("flux",))
-    assert _best([resident, other], "coder", Weights()) == 0
+    assert _best([resident, other], "coder", PICKER_DEFAULT) == 0
     idle = metrics(kv=0.0)
-    assert _best([resident, idle], "coder", AFFINITY_FIRST) == 0
+    assert _best([resident, idle], "coder", Weights()) == 0
 
 
-def test_default_weights_trade_residency_for_free_memory() -> None:
+def test_picker_default_weights_trade_residency_for_free_memory() -> None:
     """Residency's 0.2 edge at weight 1 is outweighed by a kv gap over 0.1 at weight 2."""
     resident, emptier = metrics(kv=0.6, running=("coder",)), metrics(kv=0.3)
-    assert _best([resident, emptier], "coder", Weights()) == 1
-    assert _best([resident, emptier], "coder", AFFINITY_FIRST) == 0
+    assert _best([resident, emptier], "coder", PICKER_DEFAULT) == 1
+    assert _best([resident, emptier], "coder", Weights()) == 0
 
 
-@pytest.mark.parametrize("weights", [Weights(), AFFINITY_FIRST])
+@pytest.mark.parametrize("weights", [PICKER_DEFAULT, Weights()])
 def test_between_nodes_running_the_model_the_less_loaded_wins(weights: Weights) -> None:
     busy, quiet = metrics(waiting=3, running=("coder",)), metrics(running=("coder",))
     assert _best([busy, quiet], "coder", weights) == 1
@@ -207,3 +209,17 @@ def test_round_robin_sends_request_i_to_node_i_mod_n() -> None:
 def _best(nodes: list[NodeMetrics], model: str, weights: Weights) -> int:
     scores = affinity_scores(nodes, model, weights)
     return scores.index(max(scores))
+
+
+def test_affinitys_weights_are_those_of_the_shipped_picker_configuration() -> None:
+    manifests = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+    documents = yaml.safe_load_all((manifests / "inferencepool.yaml").read_text())
+    (configmap,) = [d for d in documents if d and d["metadata"]["name"] == "vramd-epp"
+                    and d["kind"] == "ConfigMap"]  # fmt: skip
+    (config,) = [yaml.safe_load(text) for text in configmap["data"].values()]
+    (profile,) = config["schedulingProfiles"]
+    weights = {ref["pluginRef"]: ref.get("weight") for ref in profile["plugins"]}
+    shipped = Weights()
+    assert weights["lora-affinity-scorer"] == shipped.lora
+    assert weights["queue-scorer"] == shipped.queue
+    assert weights["kv-cache-utilization-scorer"] == shipped.kv
