@@ -6,23 +6,29 @@ The endpoint picker in front of a pool of vramd machines scrapes each one's ``/m
 every 50 ms (20 Hz) and reads a slow answer as a saturated machine (docs/deployment.md,
 "Many machines"). This starts ``vramd serve`` (``bench.processes``) on ``bench.idle``'s
 twenty-service policy (five runtimes running, fifteen on demand: a large ``/metrics``),
-then measures three phases of ``--duration`` seconds each:
+then measures five phases of ``--duration`` seconds each:
 
 - ``traffic``: chat and embedding requests to the five running services at ``--rate``
   per second, open loop, from a separate process; nobody scrapes.
 - ``traffic+scrape``: the same traffic, and a scraper on one keep-alive connection (as
   the picker holds one) asking for ``/metrics`` every ``1/--hz`` seconds.
-- ``scrape``: the scraper alone.
+- ``traffic+floor``: the same traffic to vramd, and the same scraper asking the *floor*
+  instead: a server that does nothing but answer a body of ``/metrics``' size, on the
+  same uvicorn (uvloop, httptools), in its own process. What this machine's loopback,
+  scheduler and HTTP stack cost a scrape whatever answers it.
+- ``scrape`` and ``floor``: each scraper alone, no traffic.
 
 Figures: each scrape's time from request to the last byte (p50, p99, max), and the
 daemon's CPU (user + system of the ``vramd serve`` process) as a share of one core per
-phase; what scraping costs is ``traffic+scrape`` minus ``traffic``. Not a test: the
-figures depend on the machine.
+phase; what scraping costs is ``traffic+scrape`` minus ``traffic``, and what vramd adds
+to a scrape's time is ``/metrics`` over the floor. Not a test: the figures depend on the
+machine (on a small VM, waking an idle process every 50 ms costs milliseconds at p99).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -31,7 +37,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -40,7 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.idle import cpu_seconds, twenty_services
-from bench.processes import running_vramd
+from bench.processes import answers, free_port, running_vramd, spawn, wait_until
 from bench.report import write_outputs
 
 RUNNING = ["svc-00", "svc-01", "svc-02", "svc-03", "svc-04"]
@@ -76,14 +82,14 @@ def send_traffic(url: str, models: list[tuple[str, str]], rate: float, stop_at: 
 
 
 def scrape(url: str, hz: float, stop_at: float) -> list[float]:
-    """``GET /metrics`` every ``1/hz`` s on one connection; each answer's milliseconds."""
+    """``GET url`` every ``1/hz`` s on one connection; each answer's milliseconds."""
     latencies = []
-    with httpx.Client(base_url=url, timeout=10) as client:
+    with httpx.Client(timeout=10) as client:
         due = time.monotonic()
         while due < stop_at:
             time.sleep(max(0.0, due - time.monotonic()))
             started = time.perf_counter()
-            response = client.get("/metrics")
+            response = client.get(url)
             response.read()
             latencies.append((time.perf_counter() - started) * 1000)
             response.raise_for_status()
@@ -123,17 +129,23 @@ def measure(*, hz: float, rate: float, duration: float) -> dict[str, Any]:
         kinds = {s["name"]: s["kind"] for s in vramd.services()}
         models = [(kinds[name], f"model-{name[-2:]}") for name in RUNNING]
         daemon = psutil.Process(vramd.proc.pid)
-        url = vramd.url
-
-        traffic = functools.partial(send_traffic, url, models, rate)  # picklable: a child runs it
-        scraper = functools.partial(scrape, url, hz)
-
-        served_before = _served(vramd.services())
-        phases = [phase("traffic", daemon, duration, traffic=traffic, scraper=None)]
-        phases.append(phase("traffic+scrape", daemon, duration, traffic=traffic, scraper=scraper))
-        served = _served(vramd.services()) - served_before
-        phases.append(phase("scrape", daemon, duration, traffic=None, scraper=scraper))
-        body = httpx.get(url + "/metrics").text
+        body = httpx.get(vramd.url + "/metrics").text
+        with floor_server(len(body)) as floor_url:
+            # Partials of module functions: picklable, so a child process can run them.
+            traffic = functools.partial(send_traffic, vramd.url, models, rate)
+            scrape_vramd = functools.partial(scrape, vramd.url + "/metrics", hz)
+            scrape_floor = functools.partial(scrape, floor_url + "/metrics", hz)
+            served_before = _served(vramd.services())
+            phases = [
+                phase("traffic", daemon, duration, traffic=traffic, scraper=None),
+                phase("traffic+scrape", daemon, duration, traffic=traffic, scraper=scrape_vramd),
+            ]
+            served = _served(vramd.services()) - served_before
+            phases += [
+                phase("traffic+floor", daemon, duration, traffic=traffic, scraper=scrape_floor),
+                phase("scrape", daemon, duration, traffic=None, scraper=scrape_vramd),
+                phase("floor", daemon, duration, traffic=None, scraper=scrape_floor),
+            ]
     return {
         "phases": phases,
         "requests_served": served,
@@ -141,6 +153,30 @@ def measure(*, hz: float, rate: float, duration: float) -> dict[str, Any]:
         "metrics_lines": body.count("\n"),
         "scrape_cpu_pct": phases[1]["cpu_pct"] - phases[0]["cpu_pct"],
     }
+
+
+FLOOR_APP = """
+import sys, uvicorn
+BODY = b"x" * int(sys.argv[2])
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": BODY})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            access_log=False)
+"""
+
+
+@contextlib.contextmanager
+def floor_server(size: int) -> Iterator[str]:
+    """A server that answers ``size`` bytes to anything, on vramd's HTTP stack."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with spawn([sys.executable, "-c", FLOOR_APP, str(port), str(size)]) as proc:
+        wait_until(answers(url + "/metrics"), timeout=30, what="the floor server", proc=proc)
+        yield url
 
 
 def _served(services: list[dict[str, Any]]) -> int:

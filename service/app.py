@@ -288,7 +288,7 @@ def create_app(
     app.include_router(admin.health_router)
     app.include_router(admin.router)
     app.include_router(ui.router)
-    app.include_router(ui.metrics_router)
+    app.add_route("/metrics", ui.metrics, methods=["GET"])  # plain: see ui.metrics
     return app
 
 

@@ -6,6 +6,7 @@ ollama.py    the Ollama listener's routes, translated by service.ollama
 admin.py     /api and /healthz: services, load/unload, explain, events, windows, policy
 metrics.py   GET /metrics: the Prometheus series
 router_metrics.py  the vllm:* series a cluster router scores this machine by
+exposition.py  Prometheus's text format, written fast
 ui.py        the dashboard's static files
 auth.py      bearer keys for /v1 and /api
 deps.py      what the routers get from the app (the kernel, the settings)

@@ -7,18 +7,20 @@ parts, as fresh as their readers need (docs/api.md, "GET /metrics"):
 - The model-server protocol a cluster router scores machines by, 20 times a second
   (``vllm:*``, then ``vramd_model_*``): written at each scrape from the kernel's counts
   (``service.api.router_metrics``).
-- vramd's own series (below), for Prometheus and dashboards: a snapshot, rendered with
-  prometheus-client once per ``device.sample_interval`` in a worker thread while someone
-  scrapes, and at a scrape that finds it older than ``STALE_AFTER`` intervals (the first
-  one, or after nobody asked for a while). Gauges and the load/eviction/restart counters
-  come from the orchestrator's status view (``StatusCollector``); what happens between
-  samples (each request's outcome, queue wait and load time) is counted by live
-  instruments that the kernel updates through ``Metrics.request_done`` and
-  ``Metrics.load_done``.
+- vramd's own series (below), for Prometheus and dashboards: a snapshot, renewed once
+  per ``device.sample_interval`` while someone scrapes (``keep_fresh``, one family at a
+  time so a scrape waits for one family at most), and at a scrape that finds it older
+  than ``STALE_AFTER`` intervals (the first one, or after nobody asked for a while).
+  Gauges and the load/eviction/restart counters come from the orchestrator's status
+  view (``status_families``); what happens between samples (each request's outcome,
+  queue wait and load time) is counted by live instruments that the kernel updates
+  through ``Metrics.request_done`` and ``Metrics.load_done``.
 
-Rendering all of vramd's series takes milliseconds on a twenty-service policy (about
-0.5 ms of formatting per service): at a router's 20 Hz that would be a tenth of a core
-and a slow answer whenever the loop is busy. The snapshot costs that once a second.
+Writing all of vramd's series takes milliseconds on a twenty-service policy (~650
+samples): at a router's 20 Hz that would be a slow answer whenever the loop is busy and
+a large share of a core. The snapshot costs that once a sample interval, and the text is
+written by ``service.api.exposition``, not by prometheus-client's slower
+``generate_latest``.
 
 Each ``Metrics`` has its own ``CollectorRegistry``, never prometheus-client's global
 default, so tests can build many apps in one process.
@@ -47,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -55,9 +56,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector
 
+from service.api.exposition import family_text
 from service.api.router_metrics import router_exposition
 from service.domain import InstanceState
 from service.kernel.views import NodeLoad
@@ -106,23 +106,17 @@ LOAD_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 QUEUE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class StatusCollector(Collector):
-    """Gauges and counters from the status view handed to it before each rendering."""
-
-    def __init__(self, *, version: str, backend: str | None) -> None:
-        self._version = version
-        self._backend = backend
-        self.status: Mapping[str, Any] = {}
-
-    def collect(self) -> Iterable[Metric]:
-        status = self.status
-        info = GaugeMetricFamily(
-            "vramd_info", "vramd build and device backend.", labels=["version", "backend"]
-        )
-        info.add_metric([self._version, self._backend or status.get("backend") or ""], 1)
-        yield info
-        yield from _device_metrics(status.get("devices", ()))
-        yield from _service_metrics(status.get("services", ()))
+def status_families(
+    status: Mapping[str, Any], *, version: str, backend: str | None
+) -> Iterator[Metric]:
+    """Gauges and counters of one status view (``GET /api/status``'s shape)."""
+    info = GaugeMetricFamily(
+        "vramd_info", "vramd build and device backend.", labels=["version", "backend"]
+    )
+    info.add_metric([version, backend or status.get("backend") or ""], 1)
+    yield info
+    yield from _device_metrics(status.get("devices", ()))
+    yield from _service_metrics(status.get("services", ()))
 
 
 def _device_metrics(devices: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
@@ -231,17 +225,17 @@ class Metrics:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        # The live instruments only: the status view's families are made per rendering.
         self.registry = CollectorRegistry()
         self._status = status
+        self._version = version
+        self._backend = backend
         self._node_load = node_load
         self._refresh_s = refresh_s
         self._clock = clock
         self._wall_clock = wall_clock
-        self._collector = StatusCollector(version=version, backend=backend)
-        self._rendering = threading.Lock()  # one rendering at a time: the collector's view
         self._snapshot: Snapshot | None = None
         self._scraped_at: float | None = None
-        self.registry.register(self._collector)
         self._requests = Counter(
             "vramd_requests",
             "Requests to /v1 by service and outcome (ok, upstream_error, client_gone, "
@@ -295,7 +289,9 @@ class Metrics:
         self._scraped_at = now
         snapshot = self._snapshot
         if snapshot is None or now - snapshot.taken_at > STALE_AFTER * self._refresh_s:
-            snapshot = self._take(self._status())
+            snapshot = self._snapshot = Snapshot(
+                "".join(map(family_text, self._families(self._status()))).encode(), now
+            )
         head = b""
         if self._node_load is not None:
             head = router_exposition(self._node_load(), self._wall_clock()).encode()
@@ -303,21 +299,22 @@ class Metrics:
 
     async def keep_fresh(self) -> None:
         """Renew the snapshot every ``refresh_s`` while someone scrapes (a task, until
-        cancelled). The status view is taken on the loop, the text made in a thread."""
+        cancelled), one family at a time: a scrape waits for one family, not for all."""
         while True:
             await asyncio.sleep(self._refresh_s)
             scraped = self._scraped_at
             if scraped is None or self._clock() - scraped > WATCHED_FOR_S:
                 continue
             try:
-                await asyncio.to_thread(self._take, self._status())
+                taken_at, parts = self._clock(), []
+                for family in self._families(self._status()):
+                    parts.append(family_text(family))
+                    await asyncio.sleep(0)
+                self._snapshot = Snapshot("".join(parts).encode(), taken_at)
             except Exception:  # a bug in a view: keep the last snapshot, say so, go on
                 log.exception("the /metrics snapshot was not renewed")
 
-    def _take(self, status: Mapping[str, Any]) -> Snapshot:
-        taken_at = self._clock()
-        with self._rendering:
-            self._collector.status = status
-            snapshot = Snapshot(generate_latest(self.registry), taken_at)
-        self._snapshot = snapshot
-        return snapshot
+    def _families(self, status: Mapping[str, Any]) -> Iterator[Metric]:
+        """vramd's own families: the status view's, then the live instruments'."""
+        yield from status_families(status, version=self._version, backend=self._backend)
+        yield from self.registry.collect()

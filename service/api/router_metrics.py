@@ -21,14 +21,15 @@ The first three come first and carry no labels, as the picker expects. A service
 figures are shared by each of its model names (``models: [a, b]``).
 
 The router asks 20 times a second and reads a slow answer as saturation, so these lines
-are written here from ``NodeLoad`` (the kernel's counts, the sampler's KV figures) with
-plain string formatting: a few dozen lines in a few microseconds each.
+are written at each scrape from ``NodeLoad`` (the kernel's counts, the sampler's KV
+figures) with ``service.api.exposition``'s plain formatting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from service.api.exposition import sample_line
 from service.domain import InstanceState
 from service.kernel.views import NodeLoad, ServiceLoad
 
@@ -115,20 +116,8 @@ def kv_cache_usage(load: NodeLoad) -> float:
 
 
 def _gauge(name: str, help_: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name} {_number(value)}"]
+    return [f"# HELP {name} {help_}", f"# TYPE {name} gauge", sample_line(name, {}, value)]
 
 
 def _sample(name: str, labels: dict[str, str], value: float) -> str:
-    pairs = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
-    return f"{name}{{{pairs}}} {_number(value)}"
-
-
-def _escape(text: str) -> str:
-    """A label value as the text format wants it: backslash, quote and newline escaped."""
-    if "\\" in text or '"' in text or "\n" in text:
-        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return text
-
-
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else repr(float(value))
+    return sample_line(name, labels, value)

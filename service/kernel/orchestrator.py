@@ -467,9 +467,9 @@ class Orchestrator:
     def node_load(self) -> NodeLoad:
         """Queues, residency and KV use, for ``/metrics`` at a router's 20 scrapes a second:
         the kernel's counts and the sampler's figures, nothing asked of a device."""
-        scheduler, now, watches = self.scheduler, self._clock.monotonic(), self.doctor.watches
+        scheduler, watches = self.scheduler, self.doctor.watches
         services = tuple(
-            service_load(rt, scheduler.service_view(name, now), watches.get(name))
+            service_load(rt, scheduler.load_of(name), watches.get(name))
             for name, rt in self.runtimes.items()
         )
         budget = charged = 0

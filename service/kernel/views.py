@@ -166,12 +166,16 @@ class NodeLoad:
     charged_bytes: int  # of that, charged to services
 
 
-def service_load(rt: ServiceRuntime, view: ServiceView, watch: InstanceWatch | None) -> ServiceLoad:
+def service_load(
+    rt: ServiceRuntime, load: tuple[int, int, bool], watch: InstanceWatch | None
+) -> ServiceLoad:
+    """``load``: the scheduler's in-flight and queued counts, and whether it waits."""
+    in_flight, queued, waiting = load
     return ServiceLoad(
         models=tuple(rt.spec.models),
         state=rt.instance.state.value,
-        in_flight=view.in_flight,
-        queued=view.queued,
-        waiting_for_memory=view.waiting_for_memory,
+        in_flight=in_flight,
+        queued=queued,
+        waiting_for_memory=waiting,
         kv_usage=watch.kv_usage if watch else None,
     )

@@ -92,7 +92,7 @@ from service.scheduler.reasons import (
     what_it_waited_for,
 )
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
-from service.scheduler.state import ServiceView
+from service.scheduler.state import ServiceState, ServiceView
 from service.scheduler.yielding import Block, eviction_block
 from service.units import format_duration
 
@@ -126,10 +126,18 @@ class Scheduler:
         """The service's decision state; ``idle_for`` is measured at ``now`` (default:
         the time of the last event). Raises ``KeyError`` for an unknown service."""
         svc = self._book.services[name]
-        # A restarting instance (draining, its own memory claimed) is not waiting.
-        waiting = svc.state is S.STOPPED and (svc.plan is not None or self._book.wants(svc))
         at = self._book.now if now is None else now
-        return svc.view(at, waiting_for_memory=waiting, clock=self._book.clock)
+        return svc.view(at, waiting_for_memory=self._waits(svc), clock=self._book.clock)
+
+    def load_of(self, name: str) -> tuple[int, int, bool]:
+        """Requests in flight, requests queued, and whether a load waits for memory: the
+        few figures a cluster router reads many times a second, without a whole view."""
+        svc = self._book.services[name]
+        return len(svc.in_flight), len(svc.queue), self._waits(svc)
+
+    def _waits(self, svc: ServiceState) -> bool:
+        # A restarting instance (draining, its own memory claimed) is not waiting.
+        return svc.state is S.STOPPED and (svc.plan is not None or self._book.wants(svc))
 
     def explain(self, name: str, now: float | None = None) -> Explanation:
         """What loading ``name`` now would do, changing nothing (``explain``).

@@ -254,6 +254,16 @@ def test_daemon_with_no_services_serves(tmp_path: Path) -> None:
         assert daemon.get("/api/services").json() == []
 
 
+def test_answered_metrics_scrapes_write_no_access_line_other_requests_do(tmp_path: Path) -> None:
+    """A cluster router scrapes /metrics 20 times a second: that must not flood the log."""
+    with running_daemon(policy_yaml({}), tmp_path) as daemon:
+        for _ in range(5):
+            assert daemon.get("/metrics").status_code == 200
+        assert daemon.get("/healthz").status_code == 200
+        daemon.wait_for(lambda: '"GET /healthz HTTP/1.1" 200' in daemon.output())
+        assert "/metrics" not in daemon.output()
+
+
 def test_a_second_daemon_on_the_same_database_is_refused(tmp_path: Path) -> None:
     with running_daemon(policy_yaml({"chat": PINNED}), tmp_path) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")

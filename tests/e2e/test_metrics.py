@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support.daemon import Daemon, demo_command, policy_yaml, running_daemon
 
-from service.api.metrics import FLAGS, STATES, Metrics
+from service.api.exposition import family_text
+from service.api.metrics import FLAGS, STATES, Metrics, status_families
 
 MiB = 2**20
 
@@ -331,3 +334,29 @@ def test_requests_are_counted(daemon: Daemon) -> None:
     assert grew("vramd_load_seconds_count", service="embed") == 1
     assert grew("vramd_queue_wait_seconds_sum", service="embed") > 0.05
     assert (value(after, "vramd_load_seconds_count", service="chat") or 0) >= 1
+
+
+def test_vramds_text_reads_back_as_prometheus_clients_own_would(metrics: Metrics) -> None:
+    status = fake_status()
+    status["services"][1]["name"] = 'odd "name"\\with\nbreaks'
+    metrics.request_done("chat", "ok", queue_s=0.3)
+    metrics.load_done("chat", 12.0)
+    families = [*status_families(status, version="9", backend=None), *metrics.registry.collect()]
+
+    class Families:
+        def collect(self) -> list[Metric]:
+            return families
+
+    theirs = generate_latest(Families()).decode()  # type: ignore[arg-type]
+    ours = "".join(family_text(family) for family in families)
+
+    def read(text: str) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        """Every family and sample, ``_created`` left out (vramd does not write it)."""
+        return [
+            (f.name, f.type, f.documentation, [(s.name, s.labels, s.value) for s in f.samples])
+            for f in text_string_to_metric_families(text)
+            if not f.name.endswith("_created")
+        ]
+
+    assert read(ours) == read(theirs)
+    assert 'service="odd \\"name\\"\\\\with\\nbreaks"' in ours
