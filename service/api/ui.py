@@ -68,4 +68,3 @@ async def metrics(request: Request) -> Response:
     """
     body, content_type = get_metrics(request).render()
     return Response(body, media_type=content_type)
-
