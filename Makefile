@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-soak clean db-upgrade
+.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -119,6 +119,11 @@ bench-proxy: $(VENV)/.installed-dev
 # (docs/benchmarks.md, "Idle cost"); about a minute and a half.
 bench-idle: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.idle --json bench/out/idle.json --markdown bench/out/idle.md
+
+# What a cluster router's 20 scrapes a second cost a serving daemon, against a floor
+# server (docs/benchmarks.md, "The metrics scrape"); about two minutes.
+bench-scrape: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.scrape --json bench/out/scrape.json --markdown bench/out/scrape.md
 
 # Ten minutes of mixed traffic while runtimes are killed, frozen and the database locked:
 # hung clients, cut streams, leaks, lost events, leftover processes (bench/soak.py).
