@@ -631,6 +631,8 @@ async def test_a_runtime_that_dies_and_is_not_wanted_back_is_stopped_not_restart
     psutil.Process(daemon.view("idler")["pid"]).kill()
     await wait_state(daemon, "idler", "backoff")
     await wait_state(daemon, "idler", "stopped", timeout=10)
+    # Its charge goes once the memory it held is seen released (the settle barrier).
+    await wait_until(lambda: daemon.view("idler")["charge_bytes"] == 0, what="charge freed")
     view = daemon.view("idler")
     assert (view["restarts"], view["charge_bytes"], view["pid"]) == (0, 0, None)
     (note,) = daemon.events(kind="no-retry")
