@@ -388,14 +388,18 @@ def test_on_cap_stop_stops_and_on_cap_warn_only_flags(tmp_path: Path, on_cap: st
         pid = daemon.service("leaky")["pid"]
         for _ in range(4):
             assert ask(daemon, "m").status_code == 200
-        daemon.wait_for(lambda: "over-cap" in daemon.service("leaky")["flags"])
         if on_cap == "stop":
-            daemon.wait_for(lambda: daemon.service("leaky")["state"] == "stopped")
-            assert [e for e in daemon.events(kind="cap-stop")]
+            # Stopped once flagged; on a busy machine that can happen between the asks
+            # above (two leaks already pass the cap), and the next ones load a fresh
+            # instance, which clears the flag: the events say what happened, whenever.
+            daemon.wait_for(lambda: bool(daemon.events(kind="cap-stop")))
+            flags = daemon.events(kind="flag")
+            assert flags and all("over-cap" in flag["message"] for flag in flags)
             # A warm service comes back for its next request, as a fresh instance.
             assert ask(daemon, "m").status_code == 200
-            assert daemon.service("leaky")["pid"] not in (None, pid)
+            assert daemon.service("leaky")["loads"] >= 2
         else:
+            daemon.wait_for(lambda: "over-cap" in daemon.service("leaky")["flags"])
             for _ in range(5):  # samples go on; nothing restarts it
                 assert ask(daemon, "m").status_code == 200
             svc = daemon.service("leaky")
