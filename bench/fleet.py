@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from bench.replay import load_setup
 from bench.report import (
@@ -38,6 +37,8 @@ from bench.report import (
     MAIN_COLUMNS,
     class_rows,
     main_rows,
+    markdown_table,
+    rich_table,
     title,
     write_outputs,
 )
@@ -215,21 +216,13 @@ def print_fleet(report: Mapping[str, Any], console: Console | None = None) -> No
         if not console.is_terminal:
             console = Console(width=170)
     for caption, columns, rows in _tables(report):
-        table = Table(title=caption, title_justify="left")
-        for i, column in enumerate(columns):
-            table.add_column(column, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        console.print(rich_table(caption, columns, rows))
 
 
 def fleet_markdown(report: Mapping[str, Any]) -> str:
     out: list[str] = []
     for caption, columns, rows in _tables(report):
-        out += [f"**{caption}**", "", "| " + " | ".join(columns) + " |"]
-        out.append("|" + "|".join(["---"] + ["--:"] * (len(columns) - 1)) + "|")
-        out += ["| " + " | ".join(row) + " |" for row in rows]
-        out.append("")
+        out += [f"**{caption}**", "", *markdown_table(columns, rows), ""]
     return "\n".join(out)
 
 

@@ -35,10 +35,9 @@ from typing import Any
 
 import psutil
 from rich.console import Console
-from rich.table import Table
 
 from bench.processes import REPO_ROOT, demo_command, policy_text, running_vramd
-from bench.report import write_outputs
+from bench.report import markdown_table, rich_table, write_outputs
 from service.domain import Residency
 from service.policy import load_policy
 
@@ -142,20 +141,13 @@ def caption(report: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"**{caption(report)}**", "", "| " + " | ".join(COLUMNS) + " |"]
-    lines.append("|---|" + "|".join(["--:"] * (len(COLUMNS) - 1)) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    lines = [f"**{caption(report)}**", "", *markdown_table(COLUMNS, table_rows(report))]
     return "\n".join(lines) + "\n"
 
 
 def print_report(report: dict[str, Any]) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=120)
-    table = Table(title=caption(report), title_justify="left")
-    for i, column in enumerate(COLUMNS):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    console.print(table)
+    console.print(rich_table(caption(report), COLUMNS, table_rows(report)))
 
 
 def _policies(text: str) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,24 @@ def title(report: Mapping[str, Any]) -> str:
     )
 
 
+def markdown_table(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the first column left, the figures right-aligned."""
+    lines = ["| " + " | ".join(columns) + " |"]
+    lines.append("|" + "|".join(["---"] + ["--:"] * (len(columns) - 1)) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def rich_table(caption: str, columns: Sequence[str], rows: list[list[str]]) -> Table:
+    """The same table for a terminal."""
+    table = Table(title=caption, title_justify="left")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def print_report(report: Mapping[str, Any], console: Console | None = None) -> None:
     if console is None:
         console = Console()
@@ -140,12 +158,7 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
         (MAIN_COLUMNS, main_rows(report), title(report)),
         (CLASS_COLUMNS, class_rows(report), "per priority class"),
     ):
-        table = Table(title=caption, title_justify="left")
-        for i, column in enumerate(columns):
-            table.add_column(column, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        console.print(rich_table(caption, columns, rows))
     if report.get("targets"):
         table = Table(title="vramd against the targets (bench.targets)", title_justify="left")
         for column in TARGET_COLUMNS:
@@ -158,12 +171,7 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
 
 
 def markdown(report: Mapping[str, Any], *, per_class: bool = True) -> str:
-    def table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
-        lines = ["| " + " | ".join(columns) + " |"]
-        lines.append("|" + "|".join(["---"] + ["--:"] * (len(columns) - 1)) + "|")
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return lines
-
+    table = markdown_table
     out = [f"**{title(report)}**", ""]
     out += table(MAIN_COLUMNS, main_rows(report))
     if per_class:

@@ -43,11 +43,10 @@ from typing import Any
 import httpx
 import psutil
 from rich.console import Console
-from rich.table import Table
 
 from bench.idle import cpu_seconds, twenty_services
 from bench.processes import answers, free_port, running_vramd, spawn, wait_until
-from bench.report import write_outputs
+from bench.report import markdown_table, rich_table, write_outputs
 
 RUNNING = ["svc-00", "svc-01", "svc-02", "svc-03", "svc-04"]
 COLUMNS = ("phase", "scrapes", "p50 ms", "p99 ms", "max ms", "daemon CPU % of a core", "requests")
@@ -216,9 +215,7 @@ def caption(report: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"**{caption(report)}**", "", "| " + " | ".join(COLUMNS) + " |"]
-    lines.append("|---|" + "|".join(["--:"] * (len(COLUMNS) - 1)) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    lines = [f"**{caption(report)}**", "", *markdown_table(COLUMNS, table_rows(report))]
     return "\n".join(lines) + "\n"
 
 
@@ -248,12 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     console = Console() if sys.stdout.isatty() else Console(width=120)
-    table = Table(title=caption(report), title_justify="left")
-    for i, column in enumerate(COLUMNS):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    console.print(table)
+    console.print(rich_table(caption(report), COLUMNS, table_rows(report)))
     write_outputs(report, markdown(report), json_path=args.json, markdown_path=args.markdown)
     return 0
 

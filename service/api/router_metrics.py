@@ -62,7 +62,7 @@ def router_exposition(load: NodeLoad, now: float) -> str:
         "# HELP vllm:lora_requests_info Models loaded (running) and loading or queued for "
         "a load (waiting); the value is the time of the scrape.",
         "# TYPE vllm:lora_requests_info gauge",
-        _sample(
+        sample_line(
             "vllm:lora_requests_info",
             {
                 "max_lora": str(served),
@@ -74,14 +74,14 @@ def router_exposition(load: NodeLoad, now: float) -> str:
         "# HELP vramd_model_requests_waiting Requests queued for the service of the model.",
         "# TYPE vramd_model_requests_waiting gauge",
         *(
-            _sample("vramd_model_requests_waiting", {"model": model}, svc.queued)
+            sample_line("vramd_model_requests_waiting", {"model": model}, svc.queued)
             for svc in services
             for model in svc.models
         ),
         "# HELP vramd_model_resident 1 while the service of the model is loaded and ready.",
         "# TYPE vramd_model_resident gauge",
         *(
-            _sample("vramd_model_resident", {"model": model}, int(svc.state in RUNNING_STATES))
+            sample_line("vramd_model_resident", {"model": model}, int(svc.state in RUNNING_STATES))
             for svc in services
             for model in svc.models
         ),
@@ -117,7 +117,3 @@ def kv_cache_usage(load: NodeLoad) -> float:
 
 def _gauge(name: str, help_: str, value: float) -> list[str]:
     return [f"# HELP {name} {help_}", f"# TYPE {name} gauge", sample_line(name, {}, value)]
-
-
-def _sample(name: str, labels: dict[str, str], value: float) -> str:
-    return sample_line(name, labels, value)
