@@ -10,7 +10,10 @@ Runtimes disagree on all four points, which is why they are per-runtime at all:
 
 - readiness: llama-server answers ``/health`` with 503 while it loads the model,
   llama-cpp-python has no health route (it listens only once the model is loaded, so any
-  answer from ``/v1/models`` means ready), vLLM and TEI bind their port only when ready;
+  answer from ``/v1/models`` means ready), vLLM and TEI bind their port only when ready.
+  A runtime that prints a line once it can serve (llama-server's "model loaded") names
+  it as ``ready_line``: the supervisor polls health the moment it sees that line, rather
+  than at its next poll, and still lets the health answer decide;
 - metrics: llama.cpp says ``llamacpp:requests_processing``, vLLM says
   ``vllm:num_requests_running``, and each renamed its KV-cache gauge across releases;
 - out of memory: ggml prints ``cudaMalloc failed: out of memory`` and carries on to a
@@ -72,6 +75,13 @@ class Adapter(Protocol):
         """Whether one answer from ``health_path`` means ready to serve."""
         ...
 
+    @property
+    def ready_line(self) -> re.Pattern[str] | None:
+        """A log line (stdout or stderr) the runtime prints once it can serve; ``None``
+        when it prints none worth waiting for. Seeing it makes the supervisor poll health
+        at once: it hastens the check, it never replaces it."""
+        ...
+
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         """Prometheus text from the service's ``metrics:`` path → the figures vramd records."""
         ...
@@ -97,6 +107,7 @@ class BaseAdapter:
     health_path: str = "/health"
     oom_patterns: tuple[re.Pattern[str], ...] = ()
     slots_path: str | None = None
+    ready_line: re.Pattern[str] | None = None
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300

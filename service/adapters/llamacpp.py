@@ -7,6 +7,10 @@ loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
 ``{"status":"loading model"}`` / ``{"status":"error"}`` instead. The status code is what
 decides, but as a guard against builds and proxies that get it wrong, a 2xx whose JSON
 carries an ``error`` object or a loading/error ``status`` is not taken as ready either.
+Right after it flips to ready, ``main`` logs ``srv          main: model loaded`` (the
+function name padded to 12; ``--log-prefix`` puts a timestamp and level before it,
+``--log-colors`` escape codes around it): that is the ``ready_line``, so a load is seen
+the moment it ends, not at the next poll. Router mode (``--models-dir``) never prints it.
 
 Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
 (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
@@ -27,6 +31,7 @@ signal makes it exit(1) at once, which we only send as SIGKILL anyway.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from service.adapters.base import (
@@ -37,6 +42,9 @@ from service.adapters.base import (
     as_ratio,
 )
 from service.adapters.prometheus import MetricSamples
+
+# server.cpp: SRV_INF("%s", "model loaded\n") right after ctx_http.is_ready.store(true).
+LLAMA_READY_LINE = re.compile(r"\bsrv\s+main: model loaded\b")
 
 # JSON "status" values older builds sent with a 2xx or 5xx that do not mean ready.
 _NOT_READY_STATUS = frozenset({"loading model", "loading", "error", "unavailable"})
@@ -111,4 +119,5 @@ LLAMA_CPP = LlamaCppAdapter(
     health_path="/health",
     oom_patterns=GGML_OOM_PATTERNS,
     slots_path="/slots",
+    ready_line=LLAMA_READY_LINE,
 )

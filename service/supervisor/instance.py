@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import httpx
@@ -194,8 +195,12 @@ class Instance:
         startup_timeout_s: float,
         on_spawned: OnSpawned | None = None,
         health_ok: HealthOk = any_success,
+        ready_line: re.Pattern[str] | None = None,
     ) -> None:
         """Start the runtime and return once it is READY; raise ``StartFailed`` if not.
+
+        ``ready_line`` (the adapter's) is the log line the runtime prints once it can
+        serve: when this process prints it, health is polled at once (``run.py``).
 
         ``on_spawned`` is awaited right after the spawn, before health polling: the
         daemon records pid, pgid and start time there, so no process runs unrecorded
@@ -204,7 +209,15 @@ class Instance:
         pending restart. Anything else is refused with ``IllegalTransition``.
         """
         spec = LaunchSpec(
-            tuple(argv), dict(env), cwd, port, health_url, startup_timeout_s, on_spawned, health_ok
+            tuple(argv),
+            dict(env),
+            cwd,
+            port,
+            health_url,
+            startup_timeout_s,
+            on_spawned,
+            health_ok,
+            ready_line,
         )
         check_transition(self._state, S.STARTING)
         reason = "start requested"

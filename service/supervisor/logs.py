@@ -9,14 +9,20 @@ progress bar redrawn with ``\\r`` for minutes, a dumped tensor) is cut, not kept
 Each line carries a sequence number that keeps counting across evictions, so a caller can
 ask for "stderr since this process was spawned" and not blame a new process for the
 last words of the previous one.
+
+A listener (``listen``) hears each line as it is appended: the supervisor uses it to
+poll health the moment a runtime prints that it is ready, instead of at its next poll.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+logger = logging.getLogger("vramd.supervisor")
 
 Stream = Literal["stdout", "stderr"]
 
@@ -45,6 +51,7 @@ class LogRing:
         self.max_line_bytes = max_line_bytes
         self._lines: deque[LogLine] = deque(maxlen=max_lines)
         self._next_seq = 0
+        self._listeners: list[Callable[[LogLine], None]] = []
 
     def __len__(self) -> int:
         return len(self._lines)
@@ -54,8 +61,26 @@ class LogRing:
         return self._next_seq
 
     def append(self, stream: Stream, text: str, *, ts: float) -> None:
-        self._lines.append(LogLine(self._next_seq, ts, stream, self._fit(text)))
+        line = LogLine(self._next_seq, ts, stream, self._fit(text))
+        self._lines.append(line)
         self._next_seq += 1
+        for listener in tuple(self._listeners):
+            try:
+                listener(line)
+            except Exception:
+                # A listener's bug must not break the pipe the line came from.
+                logger.exception("log listener failed")
+
+    def listen(self, listener: Callable[[LogLine], None]) -> Callable[[], None]:
+        """Call ``listener`` with every line appended from now on; returns the call that
+        stops it. Listeners run inside ``append``, on the event loop: keep them light."""
+        self._listeners.append(listener)
+
+        def stop() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return stop
 
     def tail(self, n: int, *, since: int = 0) -> list[LogLine]:
         """The last ``n`` lines (both streams), oldest first, numbered ``since`` or later."""

@@ -8,6 +8,12 @@ watches for the exit, and carries out a stop request (SIGTERM
 to the group, grace, SIGKILL, reap, SIGKILL again for members that outlived the leader).
 Every wait is a race with the process's exit, so nothing waits for a dead process.
 
+Health is polled at once when the runtime prints its ready line (``ready_line``, the
+adapter's: llama-server's "model loaded"), so a swap does not wait out a poll delay; the
+line only triggers the poll, an answer from health still decides. Without one, or until
+it comes, polls start a few milliseconds apart and spread out as the load goes on
+(``health_poll_delay``).
+
 It decides no lifecycle state: it calls ``on_ready`` when health answers and returns a
 ``RunResult`` saying how the process ended; the ``Instance`` turns that into STOPPED,
 BACKOFF or FAILED.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -26,7 +33,7 @@ from typing import TypeVar
 import httpx
 
 from service.clock import Clock
-from service.supervisor.logs import LogRing
+from service.supervisor.logs import LogLine, LogRing
 from service.supervisor.process import ProcessLauncher, RuntimeProcess, SpawnError, describe_exit
 
 logger = logging.getLogger("vramd.supervisor")
@@ -43,8 +50,12 @@ def any_success(status_code: int, body: bytes) -> bool:
 
 
 # Health polling starts fast (a small runtime is up in tens of milliseconds) and slows
-# down, so a model that takes minutes to load is not hammered.
-HEALTH_FIRST_DELAY_S = 0.015
+# down, so a model that takes minutes to load is not hammered: the wait between polls is
+# a share of the time spent loading so far, between the first delay and the cap. What
+# polling adds to a load is then at most ~1% of it (3 ms at first, 10 ms after 1 s,
+# 250 ms once past 25 s), at ~100 polls in the first 0.3 s and 4 a second at the cap.
+HEALTH_FIRST_DELAY_S = 0.003
+HEALTH_DELAY_SHARE = 0.01
 HEALTH_MAX_DELAY_S = 0.25
 HEALTH_REQUEST_TIMEOUT_S = 2.0
 STDERR_LINES_IN_ERROR = 5
@@ -62,6 +73,14 @@ class LaunchSpec:
     startup_timeout_s: float
     on_spawned: OnSpawned | None = None
     health_ok: HealthOk = any_success
+    # A line the runtime prints once it can serve (the adapter's ``ready_line``): when
+    # this process prints it, health is polled at once instead of at the next delay.
+    ready_line: re.Pattern[str] | None = None
+
+
+def health_poll_delay(elapsed_s: float) -> float:
+    """The wait before the next health poll, ``elapsed_s`` into a start."""
+    return min(HEALTH_MAX_DELAY_S, max(HEALTH_FIRST_DELAY_S, elapsed_s * HEALTH_DELAY_SHARE))
 
 
 class RunEnd(enum.Enum):
@@ -109,6 +128,8 @@ class ProcessRun:
         self._stop = asyncio.Event()
         self._stop_timeout_s = 0.0
         self._health = "no answer yet"
+        self._line_heard = asyncio.Event()  # this process printed its ready line
+        self.health_polls = 0  # health requests sent for this process, answered or not
 
     def request_stop(self, timeout_s: float) -> None:
         """Ask for SIGTERM, ``timeout_s`` of grace, then SIGKILL; the first request counts."""
@@ -127,14 +148,22 @@ class ProcessRun:
 
     async def _run(self) -> RunResult:
         spec = self.spec
+        # Listening from before the spawn, so a line printed at once is not missed.
+        unlisten = self._log.listen(self._heard) if spec.ready_line is not None else None
         try:
-            proc = await self._launcher.spawn(spec.argv, env=spec.env, cwd=spec.cwd, log=self._log)
-        except SpawnError as exc:
-            return RunResult(RunEnd.NO_PROCESS, None, str(exc))
-        self.proc = proc
-        self.started_at = self._clock.now()
-        t0 = self._clock.monotonic()
-        end = await self._until_ready(proc)
+            try:
+                proc = await self._launcher.spawn(
+                    spec.argv, env=spec.env, cwd=spec.cwd, log=self._log
+                )
+            except SpawnError as exc:
+                return RunResult(RunEnd.NO_PROCESS, None, str(exc))
+            self.proc = proc
+            self.started_at = self._clock.now()
+            t0 = self._clock.monotonic()
+            end = await self._until_ready(proc)
+        finally:
+            if unlisten is not None:
+                unlisten()
         if end is None and not self._stop.is_set():
             self.load_s = self._clock.monotonic() - t0
             self._on_ready()
@@ -163,25 +192,40 @@ class ProcessRun:
             }
         )
 
+    def _heard(self, line: LogLine) -> None:
+        """A log listener: lines of earlier processes (before the mark) do not count."""
+        pattern = self.spec.ready_line
+        if line.seq >= self._log_mark and pattern is not None and pattern.search(line.text):
+            self._line_heard.set()
+
     async def _poll_health(self) -> None:
-        delay = HEALTH_FIRST_DELAY_S
+        t0 = self._clock.monotonic()
         while True:
-            try:
-                response = await self._http.get(
-                    self.spec.health_url, timeout=HEALTH_REQUEST_TIMEOUT_S
-                )
-            except httpx.ConnectError:
-                self._health = "connection refused"
-            except httpx.TimeoutException:
-                self._health = "timed out"
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                self._health = f"{type(exc).__name__}: {exc}"
+            self._line_heard.clear()  # a line heard from here on asks for another poll
+            if await self._health_says_ready():
+                return
+            delay = health_poll_delay(self._clock.monotonic() - t0)
+            if self.spec.ready_line is None:
+                await self._clock.sleep(delay)
             else:
-                if self.spec.health_ok(response.status_code, response.content):
-                    return
-                self._health = _not_ready(response)
-            await self._clock.sleep(delay)
-            delay = min(delay * 1.5, HEALTH_MAX_DELAY_S)
+                await _first({True: self._line_heard.wait(), False: self._clock.sleep(delay)})
+
+    async def _health_says_ready(self) -> bool:
+        """One health request: whether its answer means ready (else ``_health`` says why)."""
+        self.health_polls += 1
+        try:
+            response = await self._http.get(self.spec.health_url, timeout=HEALTH_REQUEST_TIMEOUT_S)
+        except httpx.ConnectError:
+            self._health = "connection refused"
+        except httpx.TimeoutException:
+            self._health = "timed out"
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            self._health = f"{type(exc).__name__}: {exc}"
+        else:
+            if self.spec.health_ok(response.status_code, response.content):
+                return True
+            self._health = _not_ready(response)
+        return False
 
     async def _terminate(self, proc: RuntimeProcess) -> RunResult:
         gone_before = proc.returncode is not None

@@ -23,16 +23,23 @@ async def wait_settled(
     clock: Clock,
     timeout_s: float,
     interval_s: float = 0.1,
+    first_interval_s: float = 0.005,
 ) -> bool:
     """Poll ``released()`` until it says True (return True) or ``timeout_s`` passes (False).
 
-    ``released`` is asked at least once, even with a zero timeout.
+    ``released`` is asked at least once, even with a zero timeout. The first re-check
+    comes after ``first_interval_s`` (at most ``interval_s``) and the wait doubles up to
+    ``interval_s``: a stopped process is usually gone, and its memory listed free, within
+    a few milliseconds of its reaping, and a swap should not wait a whole interval for
+    that; a driver that takes seconds to let go is still asked only every ``interval_s``.
     """
     deadline = clock.monotonic() + timeout_s
+    wait = min(first_interval_s, interval_s)
     while True:
         if await released():
             return True
         remaining = deadline - clock.monotonic()
         if remaining <= 0:
             return False
-        await clock.sleep(min(interval_s, remaining))
+        await clock.sleep(min(wait, remaining))
+        wait = min(wait * 2, interval_s)

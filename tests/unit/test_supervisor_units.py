@@ -365,9 +365,9 @@ async def test_ready_once_health_answers_2xx(world: World) -> None:
     await task
     assert inst.state is S.READY
     assert world.states() == [S.STARTING, S.READY]
-    # Polls at 0, 15 ms, and 15 + 22.5 ms: the interval grows by half each time.
-    assert inst.load_s == pytest.approx(0.0375)
-    assert inst.ready_at == pytest.approx(spawned_at + 0.0375)
+    # Polls at 0, 3 and 6 ms: the wait is 1% of the load so far, but at least 3 ms.
+    assert inst.load_s == pytest.approx(0.006)
+    assert inst.ready_at == pytest.approx(spawned_at + 0.006)
 
 
 async def test_startup_timeout_kills_and_explains(world: World) -> None:
