@@ -7,10 +7,13 @@ loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
 ``{"status":"loading model"}`` / ``{"status":"error"}`` instead. The status code is what
 decides, but as a guard against builds and proxies that get it wrong, a 2xx whose JSON
 carries an ``error`` object or a loading/error ``status`` is not taken as ready either.
-Right after it flips to ready, ``main`` logs ``srv          main: model loaded`` (the
-function name padded to 12; ``--log-prefix`` puts a timestamp and level before it,
-``--log-colors`` escape codes around it): that is the ``ready_line``, so a load is seen
-the moment it ends, not at the next poll. Router mode (``--models-dir``) never prints it.
+Right after it flips to ready, the server's main function logs ``model loaded`` through
+``SRV_INF``: ``srv  llama_server: model loaded`` in current builds, ``srv          main:
+model loaded`` in older ones (the function's name padded to 12), with a timestamp and
+level before it when the log prefix is on (``0.00.099.290 I srv  llama_server: ...``,
+the default now) and colour codes around it with ``--log-colors``. That is the
+``ready_line``, so a load is seen the moment it ends, not at the next poll. Only that
+line says "model loaded", and a router (``--models-dir``) prints it only from children.
 
 Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
 (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
@@ -43,8 +46,9 @@ from service.adapters.base import (
 )
 from service.adapters.prometheus import MetricSamples
 
-# server.cpp: SRV_INF("%s", "model loaded\n") right after ctx_http.is_ready.store(true).
-LLAMA_READY_LINE = re.compile(r"\bsrv\s+main: model loaded\b")
+# server.cpp: SRV_INF("%s", "model loaded\n") right after ctx_http.is_ready.store(true),
+# in llama_server() (main() before the server became a library function).
+LLAMA_READY_LINE = re.compile(r"\bsrv\s+(?:llama_server|main): model loaded\b")
 
 # JSON "status" values older builds sent with a 2xx or 5xx that do not mean ready.
 _NOT_READY_STATUS = frozenset({"loading model", "loading", "error", "unavailable"})

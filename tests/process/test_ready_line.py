@@ -38,7 +38,7 @@ from service.supervisor import (
 )
 from service.supervisor.run import LaunchSpec, OnSpawned, ProcessRun, RunResult, health_poll_delay
 
-READY_LINE = "srv          main: model loaded"
+READY_LINE = "0.00.099.290 I srv  llama_server: model loaded"  # what the build here prints
 
 RUNTIME = r"""
 import argparse, http.server, sys, threading
@@ -232,6 +232,8 @@ async def test_instance_start_passes_the_ready_line_through() -> None:
 
 def test_the_llama_ready_line_matches_what_llama_server_prints() -> None:
     assert LLAMA_READY_LINE.search(READY_LINE)
+    assert LLAMA_READY_LINE.search("srv  llama_server: model loaded")  # no log prefix
+    assert LLAMA_READY_LINE.search("srv          main: model loaded")  # older builds
     assert LLAMA_READY_LINE.search("0.01.234.567 I srv          main: model loaded\x1b[0m")
     assert not LLAMA_READY_LINE.search("srv    load_model: loading model 'm.gguf'")
     assert not LLAMA_READY_LINE.search("main: model loaded")  # not from the server's main
