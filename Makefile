@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak clean db-upgrade
+.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -124,6 +124,13 @@ bench-idle: $(VENV)/.installed-dev
 # server (docs/benchmarks.md, "The metrics scrape"); about two minutes.
 bench-scrape: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.scrape --json bench/out/scrape.json --markdown bench/out/scrape.md
+
+# Cold starts and swaps on a real llama-server (two tiny generated GGUF models): vramd's
+# added cold start over the runtime started by hand, and a swap through vramd against
+# llama.cpp's own router (--models-dir, --models-max 1). Needs the llama-server build.
+bench-swap: $(VENV)/.installed-dev $(LLAMA_SERVER)
+	@$(BIN)/python -c 'import gguf' 2>/dev/null || $(BIN)/pip install --quiet "$$(grep '^gguf==' requirements-real.txt)"
+	$(BIN)/python -m bench.swap --llama-server $(LLAMA_SERVER) --json bench/out/swap.json --markdown bench/out/swap.md
 
 # Ten minutes of mixed traffic while runtimes are killed, frozen and the database locked:
 # hung clients, cut streams, leaks, lost events, leftover processes (bench/soak.py).

@@ -1,0 +1,71 @@
+"""A tiny random-weight llama GGUF for the benchmarks that run a real ``llama-server``.
+
+The same model as ``tests/support/gguf_model.py`` (which the benchmarks do not import:
+``bench`` stands on its own): architecture ``llama``, 2 layers, ``n_embd`` 64, 4 heads,
+a 256-token context, a byte-level SPM vocabulary, seeded noise for weights. About 1 MB;
+llama.cpp loads it in milliseconds, so what a benchmark times is the path around the
+load, not the load. Different seeds give different files of the same shape.
+
+Needs ``gguf`` (requirements-real.txt; ``make bench-swap`` installs it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX = 2, 64, 4, 128, 256
+VOCAB = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256))]
+
+
+def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
+    """Write the model to ``path`` (its folder must exist) and return ``path``."""
+    import gguf  # only here: the rest of bench runs without it
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def noise(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"vramd-tiny-llama-{seed}")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(N_CTX)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(VOCAB))
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(VOCAB)
+    writer.add_token_scores([0.0] * len(VOCAB))
+    control = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    writer.add_token_types([*control, *[gguf.TokenType.BYTE] * 256])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    # numpy shapes are ggml's dimensions reversed: token_embd is {n_embd, n_vocab} in ggml.
+    writer.add_tensor("token_embd.weight", noise(len(VOCAB), N_EMBD))
+    writer.add_tensor("output_norm.weight", ones(N_EMBD))
+    writer.add_tensor("output.weight", noise(len(VOCAB), N_EMBD))
+    for layer in range(N_LAYER):
+        blk = f"blk.{layer}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(N_EMBD))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"{blk}.{name}.weight", noise(N_EMBD, N_EMBD))
+        writer.add_tensor(f"{blk}.ffn_norm.weight", ones(N_EMBD))
+        writer.add_tensor(f"{blk}.ffn_gate.weight", noise(N_FF, N_EMBD))
+        writer.add_tensor(f"{blk}.ffn_up.weight", noise(N_FF, N_EMBD))
+        writer.add_tensor(f"{blk}.ffn_down.weight", noise(N_EMBD, N_FF))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
