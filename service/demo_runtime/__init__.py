@@ -6,7 +6,9 @@ behaving like the real thing where vramd can see it: it listens at once but answ
 ``/health`` with 503 until it has "loaded", it holds real, touched memory (so host memory
 probes measure it), it serves the OpenAI routes of every kind, OpenAI's Responses API and
 Anthropic's Messages API as the official clients expect them, llama.cpp's own routes
-(``/slots``, ``/props``, ``/tokenize``) and Prometheus metrics, and, with
+(``/slots``, ``/props``, ``/tokenize``, and with ``--slot-save-path`` the slot actions
+``POST /slots/{id}?action=save|restore|erase``), per-slot prompt caches with llama-server's
+``timings`` in chat and completions answers, and Prometheus metrics, and, with
 ``--native-routes``, the paths where text-embeddings-inference and whisper.cpp answer.
 Flags make it misbehave on cue, so races and failures in tests are deterministic rather
 than hoped for.
@@ -21,10 +23,15 @@ also standard library only, when it holds simulated GPU memory). Its parts::
     gpu.py       device memory on simulated GPUs (--gpu-memory, GET /debug/gpu;
                  service.simgpu)
     state.py     Runtime: what the handler threads share (readiness, counters, leaks,
-                 sleep), and the llama.cpp-style metrics drawn from it
+                 sleep, slots), and the llama.cpp-style metrics drawn from it
+    slots.py     llama.cpp's slots: each one's cached prompt, the slot a request takes
+                 (longest common prefix), and the ``timings`` answers carry
+    slot_actions.py  POST /slots/{id}?action=save|restore|erase (--slot-save-path),
+                 state files, and --slot-restore's misbehaviour
     replies.py   Reply and ApiError: an answer, or an error in OpenAI's (or Anthropic's) shape
     bodies.py    request bodies: JSON, multipart/form-data
-    text.py      the deterministic reply text, word counts, the fields routes share
+    text.py      the deterministic reply text, word counts, token ids and prompts as
+                 tokens, the fields routes share
     routes.py    the OpenAI routes: chat, completions, embeddings, images, audio, rerank
     responses.py OpenAI's Responses API, JSON and its named-event stream
     messages.py  Anthropic's Messages API and its token count, JSON and stream

@@ -14,7 +14,6 @@ the model name.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import wave
 from typing import Any
@@ -23,40 +22,36 @@ from service.demo_runtime.options import Options
 from service.demo_runtime.replies import Reply, json_reply
 from service.demo_runtime.routes import relevance, transcript
 from service.demo_runtime.state import CONTEXT_TOKENS, Runtime
-from service.demo_runtime.text import require
+from service.demo_runtime.text import require, token_id
 
-VOCABULARY = 32000  # token ids fall in [FIRST_TOKEN, VOCABULARY), as in a Llama vocabulary
-FIRST_TOKEN = 3  # 0-2 are llama.cpp's special tokens
 BOS_TOKEN = 1
 
 
-def _slot(index: int, opts: Options, held: int | None) -> dict[str, Any]:
+def _slot(index: int, opts: Options, busy: bool = False, held: int = 0) -> dict[str, Any]:
     slot: dict[str, Any] = {
         "id": index,
         "id_task": -1,
         "n_ctx": CONTEXT_TOKENS // opts.parallel,  # llama.cpp splits its context across slots
         "speculative": False,
-        "is_processing": held is not None,
+        "is_processing": busy,
     }
-    if held is not None:
-        slot["n_prompt_tokens"] = held  # prompt and generated tokens the slot holds
+    if busy or held:
+        # Busy: prompt and generated tokens its requests hold. Idle: its cached prompt, as
+        # llama-server reports the slot's previous task.
+        slot["n_prompt_tokens"] = held
     return slot
 
 
 def slots(runtime: Runtime) -> Reply:
-    """One entry per ``--parallel`` slot; the first ones are busy while requests run,
-    each holding an even share of the tokens of the requests in flight."""
+    """One entry per ``--parallel`` slot: busy while requests run in it, holding their
+    tokens; idle ones that cache a prompt say how many tokens it has."""
     opts = runtime.opts
-    busy, tokens = runtime.busy_tokens()
-    share = tokens // busy if busy else 0
-    return json_reply(
-        [_slot(index, opts, share if index < busy else None) for index in range(opts.parallel)]
-    )
+    return json_reply([_slot(view.id, opts, view.busy, view.held) for view in runtime.slots.view()])
 
 
 def props(runtime: Runtime) -> Reply:
     opts = runtime.opts
-    settings = {**_slot(0, opts, False), "params": {"n_predict": -1, "temperature": 0.8}}
+    settings = {**_slot(0, opts), "params": {"n_predict": -1, "temperature": 0.8}}
     return json_reply(
         {
             "default_generation_settings": settings,
@@ -68,11 +63,6 @@ def props(runtime: Runtime) -> Reply:
             "is_sleeping": runtime.sleeping,
         }
     )
-
-
-def token_id(word: str) -> int:
-    digest = hashlib.sha256(word.encode()).digest()
-    return FIRST_TOKEN + int.from_bytes(digest[:4], "big") % (VOCABULARY - FIRST_TOKEN)
 
 
 def tokenize(payload: dict[str, Any], opts: Options) -> Reply:

@@ -30,7 +30,23 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
     --workers N              fork N helper processes, as multi-process runtimes do
     --worker-memory SIZE     memory each helper allocates and touches (default 0)
     --parallel N             llama.cpp's slots: GET /slots lists N, /props says N
-                             (default 1); requests are not limited to N, only reported
+                             (default 1); requests are not limited to N, only reported.
+                             Each slot caches the prompt it last processed; a request
+                             takes the idle slot sharing the longest prefix with its
+                             prompt (over a tenth of it; else the least recently used
+                             idle slot) and re-uses that prefix: ``timings.cache_n`` in
+                             chat and completions answers (see ``slots``)
+    --prompt-ms-per-token F  prompt processing time: sleep F ms per prompt token the
+                             slot's cache did not hold (default 0), so a benchmark sees
+                             the prefill a cached or restored prompt saves
+    --slot-save-path DIR     enable llama.cpp's POST /slots/{id}?action=save|restore|erase
+                             with {"filename": NAME} inside DIR, an existing directory
+                             (without it, slot actions answer 501)
+    --state-bytes-per-token SIZE  size of a saved slot per token (default 4096), so state
+                             files grow with their prompts as KV-cache dumps do
+    --slot-restore MODE      works (default); noop: restore answers success but leaves
+                             the slot's cache as it was; error: restore answers 500;
+                             hang: restore never answers (other requests still do)
     --native-routes          also answer at runtimes' own paths, as a route map sends
                              requests there: POST /rerank (text-embeddings-inference)
                              and POST /inference (whisper.cpp's server); /v1/rerank and
@@ -54,8 +70,9 @@ Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/co
 /v1/images/generations, /v1/images/edits, /v1/audio/transcriptions,
 /v1/audio/translations, /v1/audio/speech and /v1/rerank (with --native-routes: /rerank and
 /inference instead of /v1/rerank and /v1/audio/transcriptions). llama.cpp's own routes,
-answered once loaded: GET /slots, GET /props, POST /tokenize, and POST
-/v1/messages/count_tokens. Other routes: GET /health, GET /v1/models, GET /metrics, and
+answered once loaded: GET /slots, GET /props, POST /tokenize, POST
+/v1/messages/count_tokens, and POST /slots/{id}?action=save|restore|erase (with
+--slot-save-path). Other routes: GET /health, GET /v1/models, GET /metrics, and
 /debug/echo (any method: answers the method, path, query, body and content-type it got)
 and, with simulated GPU memory, GET /debug/gpu (the devices it allocated on, and bytes).
 It logs a startup line and one line per request (``METHOD PATH STATUS``) to stdout.
@@ -65,9 +82,12 @@ SIGTERM or SIGINT stops it with exit code 0.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, fields
 
 from service.units import parse_size
+
+RESTORE_MODES = ("works", "noop", "error", "hang")  # --slot-restore
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,10 @@ class Options:
     gpu_memory: int = 0
     gpu_split: tuple[float, ...] | None = None
     gpu_leak_per_request: int = 0
+    prompt_ms_per_token: float = 0.0
+    slot_save_path: str | None = None
+    state_bytes_per_token: int = 4096
+    slot_restore: str = "works"
 
     @property
     def simulated_gpu(self) -> bool:
@@ -152,6 +176,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--gpu-memory", type=_size, default=0)
     p.add_argument("--gpu-split", type=_split)
     p.add_argument("--gpu-leak-per-request", type=_size, default=0)
+    p.add_argument("--prompt-ms-per-token", type=float, default=0.0)
+    p.add_argument("--slot-save-path")
+    p.add_argument("--state-bytes-per-token", type=_size, default=4096)
+    p.add_argument("--slot-restore", choices=RESTORE_MODES, default="works")
     ns = vars(p.parse_args(argv))
     names = [name.strip() for item in ns.pop("models") for name in item.split(",")]
     ns["models"] = tuple(name for name in names if name) or ("demo",)
@@ -159,4 +187,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
         p.error("--chunks must be at least 1")
     if ns["parallel"] < 1:
         p.error("--parallel must be at least 1")
+    if ns["prompt_ms_per_token"] < 0:
+        p.error("--prompt-ms-per-token must not be negative")
+    if ns["state_bytes_per_token"] < 1:
+        p.error("--state-bytes-per-token must be at least 1")
+    if ns["slot_save_path"] is not None and not os.path.isdir(ns["slot_save_path"]):
+        p.error(f"--slot-save-path: not a directory: {ns['slot_save_path']}")  # as llama.cpp
     return Options(**{f.name: ns[f.name] for f in fields(Options)})

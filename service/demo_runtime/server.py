@@ -4,7 +4,10 @@ The handler is where the misbehaviour flags act on a request: ``--hang`` never a
 ``--latency-ms`` waits, ``--leak-per-request`` leaks (``--gpu-leak-per-request`` on the
 simulated GPU, answering CUDA's out-of-memory error once it does not fit), ``--oom-after``
 answers with a CUDA out-of-memory error and ``--crash-after`` exits part-way through the
-reply. Bodies
+reply. Each inference request takes a llama.cpp slot (``slots``) for its prompt, sleeps
+``--prompt-ms-per-token`` for the part the slot had not cached, and chat and completions
+answers carry llama-server's ``timings``; ``POST /slots/{id}`` runs slot actions
+(``slot_actions``). Bodies
 arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
 as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
 ``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
@@ -22,14 +25,15 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
-from service.demo_runtime import native
+from service.demo_runtime import native, slot_actions
 from service.demo_runtime.bodies import parse_payload
 from service.demo_runtime.log import log
 from service.demo_runtime.memory import MIB
 from service.demo_runtime.paths import UTILITY_ROUTES, Route, inference_routes, is_anthropic
 from service.demo_runtime.replies import ApiError, Reply, json_reply
+from service.demo_runtime.slots import TIMED_PATHS, timings, with_timings
 from service.demo_runtime.state import Runtime
-from service.demo_runtime.text import count_words
+from service.demo_runtime.text import prompt_tokens
 
 MAX_BODY = 64 * MIB
 CRASH_AFTER_CHUNKS = 2  # a streamed --crash-after request dies after this many events
@@ -109,6 +113,9 @@ class Handler(BaseHTTPRequestHandler):
             if path == ECHO_PATH:
                 self._echo()
                 return
+            if path.startswith(slot_actions.PREFIX):
+                self._slot_action()
+                return
             body = self._read_body()
             if self.runtime.opts.sleep_mode and path in ("/sleep", "/wake_up"):
                 if path == "/sleep":
@@ -128,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
             if utility is not None:
                 self._send(utility(payload, self.runtime.opts))
             elif route is not None:
-                self._infer(route, payload)
+                self._infer(path, route, payload)
         except ApiError as err:
             self._send(err.reply(anthropic=is_anthropic(path)))
 
@@ -157,18 +164,27 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(503, "the engine is sleeping; POST /wake_up", "unavailable_error")
 
     def _echo(self) -> None:
-        has_body = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
-        body = self._read_body() if has_body else b""
+        body = self._read_body() if self._has_body() else b""
         content_type = self.headers.get("Content-Type")
         self._send(native.echo(self.command, self.path, content_type, body))
 
-    def _infer(self, route: Route, payload: dict[str, Any]) -> None:
+    def _slot_action(self) -> None:
+        """llama.cpp's slot save, restore and erase; erase needs no body."""
+        body = self._read_body() if self._has_body() else b""
+        self._check_loaded()
+        self._send(slot_actions.handle(self.runtime, self.path, body))
+
+    def _infer(self, path: str, route: Route, payload: dict[str, Any]) -> None:
         runtime, opts = self.runtime, self.runtime.opts
-        tokens = count_words(payload)
-        number = runtime.begin(tokens)
+        tokens = prompt_tokens(path, payload)
+        number = runtime.begin(len(tokens))
+        claim = runtime.slots.claim(tokens, len(tokens) + opts.chunks)
+        answered = False  # an error answer leaves the slot's cached prompt as it was
         try:
             if opts.hang:
                 threading.Event().wait()  # never set: a runtime wedged inside a kernel
+            prompt_ms = runtime.prefill(claim.prompt_n)
+            started = time.perf_counter()
             if opts.latency_ms > 0:
                 time.sleep(opts.latency_ms / 1000)
             runtime.leak()
@@ -178,9 +194,21 @@ class Handler(BaseHTTPRequestHandler):
             if message is not None:
                 log(f"torch.OutOfMemoryError: {message}", sys.stderr)
                 raise ApiError(500, message, "server_error")
-            self._send(route(payload, opts), crash=opts.crash_after == number)
+            reply = route(payload, opts)
+            answered = reply.status < 400
+            if path in TIMED_PATHS:
+                predicted_ms = (time.perf_counter() - started) * 1000
+                if reply.events is not None:  # the stream's pace, still to come
+                    predicted_ms += (len(reply.events) - 1) * opts.chunk_delay_ms
+                stats = timings(claim.cache_n, claim.prompt_n, prompt_ms, opts.chunks, predicted_ms)
+                reply = with_timings(reply, stats)
+            self._send(reply, crash=opts.crash_after == number)
         finally:
-            runtime.end(tokens)
+            runtime.slots.release(claim, keep=answered)
+            runtime.end(len(tokens))
+
+    def _has_body(self) -> bool:
+        return "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():

@@ -1,5 +1,7 @@
 """What the handler threads share: readiness, request counters, leaked memory, sleep.
 
+llama.cpp's slots and the prompt each one caches are ``slots`` (a ``SlotCache``).
+
 Device memory on simulated GPUs (``--gpu-memory``) is ``gpu``, set once loading has
 allocated it; sleep gives its weights back and waking takes them again.
 
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from service.demo_runtime.memory import touch_memory
 from service.demo_runtime.options import Options
+from service.demo_runtime.slots import SlotCache
 
 if TYPE_CHECKING:
     from service.demo_runtime.gpu import GpuMemory
@@ -30,6 +34,8 @@ class Runtime:
         self.ready = threading.Event()
         self.memory: mmap.mmap | None = None
         self.gpu: GpuMemory | None = None
+        # llama.cpp splits its context across the slots
+        self.slots = SlotCache(opts.parallel, CONTEXT_TOKENS // opts.parallel)
         self._lock = threading.Lock()
         self._requests = 0
         self._in_flight = 0
@@ -71,6 +77,13 @@ class Runtime:
         """Requests in flight and the KV tokens they hold (prompt and reply)."""
         with self._lock:
             return self._in_flight, self._kv_tokens
+
+    def prefill(self, tokens: int) -> float:
+        """Process ``tokens`` prompt tokens (--prompt-ms-per-token each); the ms it took."""
+        started = time.perf_counter()
+        if tokens > 0 and self.opts.prompt_ms_per_token > 0:
+            time.sleep(tokens * self.opts.prompt_ms_per_token / 1000)
+        return (time.perf_counter() - started) * 1000
 
     def begin(self, tokens: int) -> int:
         """Account for an inference request; returns its 1-based number."""

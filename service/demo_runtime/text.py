@@ -4,14 +4,30 @@ Chat, completions, the Responses API and the Messages API all answer "demo reply
 (for the default five ``--chunks``), so a test can assert on the text whichever API a
 client speaks. Token counts are words, which is all the usage figures need. The request
 helpers here read the fields those routes share.
+
+Tokens are words too, each with a fixed id from a hash (``token_id``, what ``/tokenize``
+answers); ``prompt_tokens`` turns a request's prompt into the token list a llama.cpp slot
+caches: a chat's messages in order, each one's role as a marker token (``<|user|>``)
+before its words, so a follow-up that repeats a conversation extends its prefix.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError
+
+VOCABULARY = 32000  # token ids fall in [FIRST_TOKEN, VOCABULARY), as in a Llama vocabulary
+FIRST_TOKEN = 3  # 0-2 are llama.cpp's special tokens
+# Where each generation route's prompt is; other routes' prompts are all their strings.
+PROMPT_FIELDS = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/messages": "messages",
+    "/v1/responses": "input",
+}
 
 
 def reply_pieces(count: int) -> list[str]:
@@ -29,6 +45,34 @@ def count_words(value: object) -> int:
     if isinstance(value, list):
         return sum(count_words(item) for item in value)
     return 0
+
+
+def token_id(word: str) -> int:
+    digest = hashlib.sha256(word.encode()).digest()
+    return FIRST_TOKEN + int.from_bytes(digest[:4], "big") % (VOCABULARY - FIRST_TOKEN)
+
+
+def prompt_words(value: object) -> list[str]:
+    """The words of every string in ``value``, in order; a message's role comes first, as
+    one marker word. As many words as ``count_words`` finds (roles are single words)."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list):
+        return [word for item in value for word in prompt_words(item)]
+    if isinstance(value, dict):
+        role = value.get("role")
+        head = [f"<|{role}|>"] if isinstance(role, str) and role else []
+        rest = (item for key, item in value.items() if not (head and key == "role"))
+        return head + [word for item in rest for word in prompt_words(item)]
+    return []
+
+
+def prompt_tokens(path: str, payload: dict[str, Any]) -> list[int]:
+    """The prompt of a request to ``path`` as token ids, as a slot caches it."""
+    field = PROMPT_FIELDS.get(path)
+    return [
+        token_id(word) for word in prompt_words(payload if field is None else payload.get(field))
+    ]
 
 
 def content_words(value: object) -> int:
