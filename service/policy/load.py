@@ -21,7 +21,7 @@ from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
 from service.policy.protect import DEFAULT_PROTECT_S, NEVER
-from service.policy.runtime_names import SLEEP_ADAPTERS
+from service.policy.runtime_names import SLEEP_ADAPTERS, STATE_ADAPTERS, saves_to_state_dir
 from service.policy.schema import (
     NAME_PATTERN,
     Defaults,
@@ -280,6 +280,7 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
             )
         _placement_checks(policy, service, base, add)
         _placeholder_checks(name, service, base, add)
+        _state_checks(service, base, add)
     ollama = policy.server.ollama
     if ollama is not None and ollama.port == policy.server.port:
         add(("server", "ollama", "port"), f"must differ from server.port ({ollama.port})")
@@ -330,6 +331,27 @@ def _placeholder_checks(
                 add(path, f"unknown placeholder ${{{name_used}}}; known: {known}")
             elif name_used in CAP_PLACEHOLDERS and service.memory.cap is None:
                 add(path, f"${{{name_used}}} needs services.{name}.memory.cap to be set")
+
+
+def _state_checks(service: Service, base: PathKey, add: Callable[..., None]) -> None:
+    """``state`` needs a runtime that can save its slots, told to save them in
+    ``${STATE_DIR}`` (docs/policy.md, "State across swaps")."""
+    if service.state is None:
+        return
+    if service.adapter_name not in STATE_ADAPTERS:
+        add(
+            (*base, "state"),
+            f"saving state needs llama.cpp's slot API (llama-server, adapter: llama.cpp); "
+            f"this service runs {service.adapter_name}: remove state",
+            key=True,
+        )
+    elif not saves_to_state_dir(service.command, service.env):
+        add(
+            (*base, "command"),
+            "state needs llama-server to save its slots where vramd keeps them: add "
+            '--slot-save-path, "${STATE_DIR}" to the command',
+            key=True,
+        )
 
 
 def _supports_sleep(service: Service) -> bool:

@@ -12,7 +12,17 @@ import re
 from collections.abc import Mapping
 
 PLACEHOLDERS = frozenset(
-    {"PORT", "SERVICE", "MODEL", "GPU", "CAP_BYTES", "CAP_MIB", "CAP_FRACTION", "PYTHON"}
+    {
+        "PORT",
+        "SERVICE",
+        "MODEL",
+        "GPU",
+        "CAP_BYTES",
+        "CAP_MIB",
+        "CAP_FRACTION",
+        "PYTHON",
+        "STATE_DIR",
+    }
 )
 CAP_PLACEHOLDERS = frozenset({"CAP_BYTES", "CAP_MIB", "CAP_FRACTION"})
 _PLACEHOLDER_RE = re.compile(r"\$\{([^}]*)\}")

@@ -26,6 +26,9 @@ ADAPTER_NAMES = ("llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp
 GENERIC = "openai"
 # Runtimes with a sleep mode vramd can drive (vLLM's /sleep and /wake_up).
 SLEEP_ADAPTERS = frozenset({"vllm"})
+# Runtimes whose prompt cache vramd can save and restore (``state:``): llama.cpp's slots.
+STATE_ADAPTERS = frozenset({"llama.cpp"})
+STATE_DIR_ARG = "${STATE_DIR}"
 
 # Other spellings people use for the same runtimes.
 ALIASES: Mapping[str, str] = MappingProxyType(
@@ -143,3 +146,17 @@ def guess_name(command: Sequence[str]) -> str:
     if _is_python(program):
         return _from_python(argv[start + 1 :]) or GENERIC
     return _by_program(program) or GENERIC
+
+
+def saves_to_state_dir(command: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether llama-server is told to save its slots in ``${STATE_DIR}``: the flag
+    ``--slot-save-path`` (``--slot-save-path=...`` too) or ``LLAMA_ARG_SLOT_SAVE_PATH``."""
+    if env.get("LLAMA_ARG_SLOT_SAVE_PATH") == STATE_DIR_ARG:
+        return True
+    for i, arg in enumerate(command):
+        if arg == "--slot-save-path" and i + 1 < len(command):
+            if command[i + 1] == STATE_DIR_ARG:
+                return True
+        elif arg == f"--slot-save-path={STATE_DIR_ARG}":
+            return True
+    return False

@@ -124,6 +124,13 @@ class MemoryConfig(_Strict):
         return value
 
 
+class StateConfig(_Strict):
+    """Keep a llama.cpp runtime's prompt cache across the stops vramd chooses
+    (docs/policy.md, "State across swaps"); ``disk`` bounds the bytes kept on disk."""
+
+    disk: Annotated[Size, Field(gt=0)] = 4 * 1024**3
+
+
 class Defaults(_Strict):
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0
@@ -168,6 +175,9 @@ class Service(_Strict):
     # vLLM sleep mode (server started with --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1):
     # evict by putting it to sleep (weights to host memory) and wake it for a request.
     sleep: StrictBool = False
+    # Save the slots' prompt cache before every stop vramd chooses and restore it after
+    # the next start (llama.cpp only; the command needs --slot-save-path ${STATE_DIR}).
+    state: StateConfig | None = None
     memory: MemoryConfig
     residency: Residency = Residency.ON_DEMAND
     preload: StrictBool = False
