@@ -53,6 +53,7 @@ from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock
 from service.store.policy_records import persist_policy
 from service.supervisor import ProcessLauncher, SubprocessLauncher
+from service.swapstate import StateKeeper
 
 log = logging.getLogger("vramd")
 
@@ -115,23 +116,18 @@ def build_orchestrator(
     )  # fmt: skip
     metrics = metrics or new_metrics(lambda: orchestrator, policy, backend=probe.backend)
     waiters, tickets = Waiters(), Tickets()
+    keeper = StateKeeper(
+        store.path.parent / "state", runtimes=runtimes, events=events, clock=clock,
+        flag=doctor.flag, clear_flags=doctor.clear_flags,
+    )  # fmt: skip
     effects = KernelEffects(
-        feed=pump.feed,
-        runtimes=runtimes,
-        waiters=waiters,
-        tickets=tickets,
+        feed=pump.feed, runtimes=runtimes, waiters=waiters, tickets=tickets,
         sleep=SleepMode(
             events=events, probe=probe, clock=clock, settle_timeout_s=settings.settle_timeout
         ),
-        doctor=doctor,
-        sampler=sampler,
-        events=events,
-        metrics=metrics,
-        writer=writer,
-        probe=probe,
-        clock=clock,
-        settle_timeout_s=settings.settle_timeout,
-    )
+        doctor=doctor, sampler=sampler, events=events, metrics=metrics, writer=writer,
+        probe=probe, clock=clock, settle_timeout_s=settings.settle_timeout, keeper=keeper,
+    )  # fmt: skip
     pump.connect(effects)
     orchestrator = Orchestrator(
         policy=policy,

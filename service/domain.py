@@ -39,6 +39,8 @@ class Flag(enum.StrEnum):
     FRAGMENTED = "fragmented"
     OVER_CAP = "over-cap"
     CRASH_LOOPING = "crash-looping"
+    # A restore of saved state did nothing; saving is off until the command changes.
+    STATE_INEFFECTIVE = "state-ineffective"
 
 
 # Flags that describe one instance (a fresh instance starts without them) and that a

@@ -59,7 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from service.api.exposition import family_text
 from service.api.router_metrics import router_exposition
-from service.domain import InstanceState
+from service.domain import Flag, InstanceState
 from service.kernel.views import NodeLoad
 
 log = logging.getLogger("vramd.metrics")
@@ -74,7 +74,7 @@ STALE_AFTER = 2.5
 WATCHED_FOR_S = 60.0
 
 STATES = tuple(state.value for state in InstanceState)
-FLAGS = ("creeping", "fragmented", "over-cap", "crash-looping")
+FLAGS = tuple(flag.value for flag in Flag)
 
 # (metric suffix, status field, help)
 DEVICE_GAUGES = (
@@ -176,12 +176,31 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
         queued.add_metric([name], svc.get("queued") or 0)
     yield from (state, flag, in_flight, queued, waiting)
     yield from _per_device_metrics(services)
+    yield from _saved_state_metrics(services)
 
     for key, help_ in SERVICE_COUNTERS:
         counter = CounterMetricFamily(f"vramd_service_{key}", help_, labels=["service"])
         for svc in services:
             counter.add_metric([svc["name"]], svc.get(key) or 0)
         yield counter
+
+
+def _saved_state_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    """State across swaps, for the services that keep it (docs/policy.md)."""
+    saved = GaugeMetricFamily(
+        "vramd_state_saved_bytes", "Bytes of saved slot state on disk.", labels=["service"]
+    )
+    reused = CounterMetricFamily(
+        "vramd_state_tokens_not_reprocessed",
+        "Prompt tokens requests took from restored state instead of processing them again.",
+        labels=["service"],
+    )
+    for svc in services:
+        state = svc.get("saved_state")
+        if state:
+            saved.add_metric([svc["name"]], state["saved_bytes"])
+            reused.add_metric([svc["name"]], state["tokens_not_reprocessed"])
+    yield from (saved, reused)
 
 
 def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:

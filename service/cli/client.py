@@ -34,6 +34,7 @@ from service.cli.render import (
     issue_text,
     service_notes,
     services_table,
+    state_notes,
 )
 from service.settings import ClientSettings
 
@@ -97,7 +98,7 @@ def ps(url: UrlOption = None, as_json: JsonOption = False) -> None:
         out.print("no services configured")
         return
     out.print(services_table(services))
-    for line in service_notes(services):
+    for line in [*service_notes(services), *state_notes(services)]:
         out.print(line, markup=False)
 
 

@@ -111,6 +111,23 @@ def service_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
             yield f"{svc['name']}: {svc['last_error']}"
 
 
+def state_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """A line for each service that keeps state across swaps: what is saved, what it saved."""
+    for svc in services:
+        state = svc.get("saved_state")
+        if not state:
+            continue
+        if state.get("ineffective"):
+            yield f"{svc['name']}: state not saved: {state['ineffective']}"
+            continue
+        yield (
+            f"{svc['name']}: state {format_size(state.get('saved_bytes'))} saved "
+            f"({state.get('saved_slots', 0)} slots, {state.get('saved_tokens', 0)} tokens) of "
+            f"{format_size(state.get('disk_bytes'))}; "
+            f"{state.get('tokens_not_reprocessed', 0)} prompt tokens not re-processed"
+        )
+
+
 def backoff_text(backoff: dict[str, Any], error: str | None) -> str:
     """``died after being ready, 3 times in 10 min (killed by signal SIGKILL); next start
     12:03:10`` or ``start failed 2 times in a row (…); next start …``."""

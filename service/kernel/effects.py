@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, Protocol
 
 from service.clock import Clock
@@ -27,7 +28,15 @@ from service.kernel.sleeping import SleepMode
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import REJECTIONS, Lease, Waiters
-from service.live.runtimes import RuntimeTable, ServiceRuntime, free_loopback_port, launch_args
+from service.live.runtimes import (
+    FIT_TARGET,
+    RuntimeTable,
+    ServiceRuntime,
+    fit_target_for,
+    free_loopback_port,
+    launch_args,
+    uses_state_dir,
+)
 from service.memory.doctor import Doctor
 from service.memory.release import Comeback
 from service.memory.sampling import Sampler
@@ -50,6 +59,7 @@ from service.scheduler import (
 from service.store import StoreWriter, queries
 from service.supervisor import StartFailed, wait_settled
 from service.supervisor.backoff import LOOP_WINDOW_S
+from service.swapstate import StateKeeper
 
 S = InstanceState
 _PROCESS_GONE = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
@@ -84,8 +94,13 @@ class KernelEffects:
         probe: DeviceProbe,
         clock: Clock,
         settle_timeout_s: float,
+        keeper: StateKeeper,
     ) -> None:
         self._feed = feed
+        self._keeper = self.keeper = keeper
+        # Per service, when each step of its current stop or start began (perf_counter
+        # seconds): the "swap" events report the steps' milliseconds.
+        self._marks: dict[str, dict[str, float]] = {}
         self._runtimes = runtimes
         self._waiters = waiters
         self._tickets = tickets
@@ -112,6 +127,7 @@ class KernelEffects:
     def drain(self, action: Stop) -> None:
         rt = self._runtimes[action.service]
         if rt.instance.state is S.READY:
+            self._marks[rt.name] = {"drain": time.perf_counter()}
             rt.instance.begin_draining(action.reason)
 
     def stop(self, action: Stop) -> None:
@@ -139,6 +155,7 @@ class KernelEffects:
                 upstream_model=rt.spec.upstream_model,
                 queue_ms=(self._clock.monotonic() - waiter.arrived) * 1000,
                 cold_start=waiter.cold,
+                answered=self._keeper.checking(rt.name),
             )
         )
 
@@ -178,6 +195,9 @@ class KernelEffects:
             reason = "could not be woken" if action.wake else "admitted on another device"
             await self._sleep.stop_sleeper(rt, reason)
         devices = action.devices
+        self._marks[rt.name] = {"start": time.perf_counter()}
+        self._keeper.spawning(rt)
+        fit = self._fit_target(rt, devices)
         args = launch_args(
             rt.name,
             rt.spec,
@@ -185,6 +205,8 @@ class KernelEffects:
             devices=devices,
             runtime_totals=self._runtime_totals(devices),
             placement=self._probe.placement_env(devices),
+            state_dir=self._keeper.state_dir(rt.name) if uses_state_dir(rt.spec) else None,
+            fit_target_mib=fit,
         )
         rt.device, rt.devices = action.device, devices
         if not action.retry:
@@ -199,10 +221,12 @@ class KernelEffects:
                     "devices": list(devices),
                     "argv": args.argv,
                     "port": args.port,
+                    "fit_target_mib": list(fit),
                 },
             )
 
         async def spawned(proc: Any) -> None:
+            self._marks.setdefault(rt.name, {})["spawned"] = time.perf_counter()
             self._sampler.process_spawned(rt, proc.pid)
             started_at = self._clock.now()
             rt.instance_id = self._writer.put_row(
@@ -232,6 +256,7 @@ class KernelEffects:
                 startup_timeout_s=rt.spec.startup_timeout,
                 on_spawned=spawned,
                 health_ok=rt.adapter.health_ok,
+                ready_line=rt.adapter.ready_line,
             )
 
     def _runtime_totals(self, devices: tuple[int, ...]) -> tuple[int, ...]:
@@ -245,12 +270,36 @@ class KernelEffects:
         if action.sleepable and rt.spec.sleep and await self._sleep.try_sleep(rt, action.reason):
             self._feed(InstanceAsleep(rt.name))
             return
+        marks = self._marks.pop(rt.name, {})
+        steps: dict[str, float] = {}
+        began = time.perf_counter()
+        if "drain" in marks:
+            steps["drain_ms"] = _ms(marks["drain"], began)
+        if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
+            await self._keeper.save(rt, action.reason)
+            steps["save_ms"] = _ms(began, time.perf_counter())
         pids = rt.last_pids
         comeback = self._comeback(rt)  # taken while it still runs
         if self._probe.backend != "host":
             rt.departing = dict(rt.device_bytes)
+        signalled = time.perf_counter()
         await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
+        exited = time.perf_counter()
         await self.settle(rt, pids, comeback)
+        steps["stop_ms"] = _ms(signalled, exited)
+        steps["settle_ms"] = _ms(exited, time.perf_counter())
+        self._record_steps(rt, "stop", steps)
+
+    async def stop_all(self, reason: str) -> None:
+        """The daemon closes: each runtime saves its state (if it keeps any and has not
+        saved already) and stops, all at once."""
+
+        async def one(rt: ServiceRuntime) -> None:
+            if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
+                await self._keeper.save(rt, reason)
+            await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
+
+        await asyncio.gather(*(one(rt) for rt in self._runtimes.values()), return_exceptions=True)
 
     async def _stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
         await self._sleep.stop_sleeper(rt, reason)
@@ -353,11 +402,60 @@ class KernelEffects:
         if inst.load_s is not None and old is S.STARTING:
             self._metrics.load_done(rt.name, inst.load_s)
         self._sampler.record_ready(rt)
+        if old is not S.STARTING:
+            self._feed(InstanceReady(rt.name))
+        elif rt.spec.state is not None:
+            ready = time.perf_counter()
+            self.tasks.spawn(self._restore_then_ready(rt, ready), f"restore {rt.name}")
+        else:
+            self._started(rt, time.perf_counter())
+
+    async def _restore_then_ready(self, rt: ServiceRuntime, ready: float) -> None:
+        """A fresh instance that keeps state: restore it before the scheduler hears the
+        instance is ready, so no request lands in a slot being restored."""
+        ready_at = rt.instance.ready_at
+        await self._keeper.restore(rt)
+        inst = rt.instance
+        if inst.state is S.READY and inst.ready_at == ready_at:
+            self._started(rt, ready, restore_ms=_ms(ready, time.perf_counter()))
+        # Else it died or was stopped meanwhile: on_state has said so.
+
+    def _started(self, rt: ServiceRuntime, ready: float, restore_ms: float | None = None) -> None:
+        """Tell the scheduler the new instance is ready, then record its start's steps."""
         self._feed(InstanceReady(rt.name))
+        marks = self._marks.pop(rt.name, {})
+        steps: dict[str, float] = {}
+        if "start" in marks and "spawned" in marks:
+            steps["spawn_ms"] = _ms(marks["start"], marks["spawned"])
+            steps["ready_ms"] = _ms(marks["spawned"], ready)
+        if restore_ms is not None:
+            steps["restore_ms"] = restore_ms
+        self._record_steps(rt, "start", steps)
+
+    def _record_steps(self, rt: ServiceRuntime, phase: str, steps: dict[str, float]) -> None:
+        """One "swap" event per stop and per start, with each step's milliseconds."""
+        text = ", ".join(f"{key.removesuffix('_ms')} {ms:.1f} ms" for key, ms in steps.items())
+        self._events.record(
+            "swap",
+            f"{rt.name} {phase}: {text or 'no steps timed'}",
+            service=rt.name,
+            instance_id=rt.instance_id,
+            data={"phase": phase, "steps": steps},
+        )
+
+    def _fit_target(self, rt: ServiceRuntime, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """``LLAMA_ARG_FIT_TARGET`` for a llama.cpp service; empty for other runtimes, when
+        the service sets it, or before the first sample."""
+        if rt.adapter.name != "llama.cpp" or FIT_TARGET in rt.spec.env:
+            return ()
+        reading = self._sampler.last_reading
+        free = {d.index: d.free for d in reading.devices} if reading else {}
+        return fit_target_for(rt, devices, free, self._runtimes.values())
 
     def _gone(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
         inst = rt.instance
         self._doctor.end_watch(rt)
+        self._keeper.stopped(rt.name)
         self._sampler.record_exit(rt, reason)
         error = inst.last_error or reason
         if old is S.STARTING and new is not S.STOPPED:
@@ -378,6 +476,10 @@ class KernelEffects:
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
+
+
+def _ms(start: float, end: float) -> float:
+    return round((end - start) * 1000, 1)
 
 
 def _loop_text(deaths: int) -> str:

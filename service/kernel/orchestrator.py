@@ -32,11 +32,11 @@ from service.errors import (
     WindowClosed,
 )
 from service.health.healthz import Health
+from service.kernel import views
 from service.kernel.background import BackgroundTasks
 from service.kernel.effects import Counters, KernelEffects
 from service.kernel.startup_reaping import reap_previous_daemon
 from service.kernel.tickets import Tickets
-from service.kernel.views import NodeLoad, memory_view, service_load, service_view, status_view
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
@@ -188,13 +188,7 @@ class Orchestrator:
         await self._health.watchdog.stop()
         await self._loops.cancel_all()
         self._waiters.refuse_all("vramd is shutting down", retry_after=5)
-        await asyncio.gather(
-            *(
-                rt.instance.stop("daemon shutting down", timeout_s=rt.spec.stop_timeout)
-                for rt in self.runtimes.values()
-            ),
-            return_exceptions=True,
-        )
+        await self._effects.stop_all("daemon shutting down")
         await self._effects.tasks.cancel_all()
         await self.runtimes.aclose()
         self.sampler.flush_counters()
@@ -445,31 +439,32 @@ class Orchestrator:
 
     def service_view(self, name: str) -> dict[str, Any]:
         rt = self.runtime(name)
-        view = service_view(rt, self.scheduler.service_view(name, self._clock.monotonic()))
-        view["memory"] = memory_view(rt, self.doctor.watches.get(name))
+        view = views.service_view(rt, self.scheduler.service_view(name, self._clock.monotonic()))
+        view["memory"] = views.memory_view(rt, self.doctor.watches.get(name))
+        view["saved_state"] = views.state_view(rt, self._effects.keeper)
         return view
 
     def memory_view(self, name: str) -> dict[str, Any]:
-        return memory_view(self.runtime(name), self.doctor.watches.get(name))
+        return views.memory_view(self.runtime(name), self.doctor.watches.get(name))
 
     def services_view(self) -> list[dict[str, Any]]:
         return [self.service_view(name) for name in self.runtimes]
 
     def status(self) -> dict[str, Any]:
         scheduler = self.scheduler
-        return status_view(
+        return views.status_view(
             reading=self._last.reading,
             ledgers=[scheduler.ledger_view(d) for d in scheduler.devices()],
             headroom=self._headroom,
             services=self.services_view(),
         )
 
-    def node_load(self) -> NodeLoad:
+    def node_load(self) -> views.NodeLoad:
         """Queues, residency and KV use, for ``/metrics`` at a router's 20 scrapes a second:
         the kernel's counts and the sampler's figures, nothing asked of a device."""
         scheduler, watches = self.scheduler, self.doctor.watches
         services = tuple(
-            service_load(rt, scheduler.load_of(name), watches.get(name))
+            views.service_load(rt, scheduler.load_of(name), watches.get(name))
             for name, rt in self.runtimes.items()
         )
         budget = charged = 0
@@ -478,7 +473,7 @@ class Orchestrator:
             if ledger is not None:
                 budget += ledger.budget
                 charged += sum(ledger.charges.values())
-        return NodeLoad(services, budget_bytes=budget, charged_bytes=charged)
+        return views.NodeLoad(services, budget_bytes=budget, charged_bytes=charged)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from service.live.runtimes import ServiceRuntime
     from service.memory.watch import InstanceWatch
     from service.supervisor import Instance
+    from service.swapstate import StateKeeper
 
 
 def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
@@ -72,6 +73,13 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "routes": dict(spec.route_table()),
         "last_error": inst.last_error or view.error,
     }
+
+
+def state_view(rt: ServiceRuntime, keeper: StateKeeper) -> dict[str, Any] | None:
+    """A service's saved state (docs/api.md, ``state``); None without ``state:``."""
+    if rt.spec.state is None:
+        return None
+    return {"disk_bytes": rt.spec.state.disk, **keeper.figures(rt.name).view()}
 
 
 def _backoff(inst: Instance) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,6 +72,9 @@ class Lease:
     upstream_model: str | None = None  # rewrite "model" to this before forwarding
     queue_ms: float = 0.0  # time spent waiting (queue + load)
     cold_start: bool = False  # the request waited for a load
+    # Told (request body, answer) after a whole answer or stream: set only while a
+    # restored state awaits its verdict (``swapstate.verify``), so it costs nothing else.
+    answered: Callable[[bytes, bytes], None] | None = None
 
 
 class LeaseProvider(Protocol):

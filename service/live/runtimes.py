@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,13 +81,17 @@ def launch_args(
     devices: Sequence[int],
     runtime_totals: Sequence[int] = (),
     placement: Mapping[str, str] | None = None,
+    state_dir: str | None = None,
+    fit_target_mib: Sequence[int] = (),
 ) -> LaunchArgs:
     """Fill in the placeholders (docs/policy.md, "Placeholders") for one start of ``service``.
 
     ``devices`` are the ones admission chose (one, or ``span`` of them, lowest first),
     ``runtime_totals`` the total a runtime sees on each (for ``${CAP_FRACTION}``), and
     ``placement`` the probe's environment that shows the runtime exactly those devices;
-    each of its variables is set unless the service's ``env`` sets it.
+    each of its variables is set unless the service's ``env`` sets it. ``state_dir`` is
+    ``${STATE_DIR}``; ``fit_target_mib`` the margin llama.cpp's ``--fit`` must leave free
+    on each device (``LLAMA_ARG_FIT_TARGET``, unless the service's ``env`` sets it).
     """
     cap = service.memory.cap
     values = {
@@ -97,6 +101,8 @@ def launch_args(
         "GPU": ",".join(str(device) for device in devices),
         "PYTHON": sys.executable,
     }
+    if state_dir is not None:
+        values["STATE_DIR"] = state_dir
     if cap is not None:
         values["CAP_BYTES"] = str(cap)
         values["CAP_MIB"] = str(cap // (1024 * 1024))
@@ -113,6 +119,8 @@ def launch_args(
     for key, value in (placement or {}).items():
         if not (chooses_own and key in VISIBILITY_VARIABLES):
             extra.setdefault(key, value)
+    if fit_target_mib:
+        extra.setdefault(FIT_TARGET, ",".join(str(mib) for mib in fit_target_mib))
     health = expand_placeholders(health_path(service), values)
     return LaunchArgs(
         argv=[expand_placeholders(arg, values) for arg in service.command],
@@ -121,6 +129,63 @@ def launch_args(
         port=port,
         health_url=f"http://127.0.0.1:{port}{health}",
     )
+
+
+# llama.cpp's --fit leaves this many MiB free on each device (docs/policy.md, "Runtimes
+# sized inside their cap").
+FIT_TARGET = "LLAMA_ARG_FIT_TARGET"
+
+
+def fit_target_mib(
+    free: Sequence[int], others_starting: Sequence[int], own: Sequence[int]
+) -> tuple[int, ...]:
+    """Per device: free memory, less what other starting instances will still take there,
+    less this instance's share of its cap; in MiB, never below 0."""
+    mib = 1024 * 1024
+    return tuple(
+        max(0, (f - o - s) // mib) for f, o, s in zip(free, others_starting, own, strict=True)
+    )
+
+
+def fit_target_for(
+    rt: ServiceRuntime,
+    devices: Sequence[int],
+    free: Mapping[int, int],
+    runtimes: Iterable[ServiceRuntime],
+) -> tuple[int, ...]:
+    """``rt``'s ``LLAMA_ARG_FIT_TARGET`` on ``devices`` (docs/policy.md, "Runtimes sized
+    inside their cap"), from each device's ``free`` memory; empty if one is unknown.
+
+    What a starting instance will still take is its size (cap, else learned peak, else
+    estimate) times its share of the device, less what it already holds there.
+    """
+    if not devices or not all(device in free for device in devices):
+        return ()
+    others = [0] * len(devices)
+    for other in runtimes:
+        if other is rt or other.instance.state is not InstanceState.STARTING:
+            continue
+        for share, device in zip(_shares(other, len(other.devices)), other.devices, strict=True):
+            if device in devices:
+                left = share * _sized(other) - other.device_bytes.get(device, 0)
+                others[list(devices).index(device)] += max(0, int(left))
+    own = [int(share * _sized(rt)) for share in _shares(rt, len(devices))]
+    return fit_target_mib([free[d] for d in devices], others, own)
+
+
+def _sized(rt: ServiceRuntime) -> int:
+    spec = rt.spec
+    return spec.memory.cap or rt.learned_peak or spec.memory.estimate
+
+
+def _shares(rt: ServiceRuntime, n: int) -> tuple[float, ...]:
+    shares = rt.spec.shares
+    return shares if len(shares) == n else (1.0 / max(n, 1),) * n
+
+
+def uses_state_dir(service: Service) -> bool:
+    """Whether ``${STATE_DIR}`` appears in the service's command or env."""
+    return any("${STATE_DIR}" in text for text in [*service.command, *service.env.values()])
 
 
 VISIBILITY_VARIABLES = frozenset(

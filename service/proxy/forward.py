@@ -175,10 +175,8 @@ class ProxyResponse(Response):
         may_ask_again: bool = False,
     ) -> tuple[Outcome, str | None]:
         """Send the request and relay the answer; the outcome and error for ``release``.
-
         ``may_ask_again``: a connection the runtime refused (the request never reached
-        it: it has just died) answers nothing to the client and returns ``NOT_SENT``.
-        """
+        it: it has just died) answers nothing to the client and returns ``NOT_SENT``."""
         config = self._config
         client = lease.client
         request = client.build_request(
@@ -233,6 +231,8 @@ class ProxyResponse(Response):
                 failure = _failed(lease, "failed mid-way through its answer", exc)
                 return await self._answer_failure(failure, marks, scope, receive, send)
             text = body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace") if status >= 400 else None
+            if lease.answered is not None and text is None:
+                lease.answered(self._request.body, body)
             if translator is not None:
                 status, body = translator.whole(status, body)
                 headers = _with_content_type(headers, b"application/json")
@@ -274,6 +274,8 @@ class ProxyResponse(Response):
         translator = self._request.translator
         chunks = _body_chunks(upstream)
         held = b""  # the start of an event whose end has not arrived yet
+        # The last two whole pieces relayed: where a runtime's final figures are.
+        last = (b"", b"")
         failure: RequestRejected | None = None
         silence = Silence(self._config.read_timeout)
         try:
@@ -293,6 +295,7 @@ class ProxyResponse(Response):
                 end = events_end(chunk)
                 held = chunk[end:]
                 if end:
+                    last = (last[1], chunk[:end])
                     body = chunk[:end] if translator is None else translator.events(chunk[:end])
                     await send({"type": "http.response.body", "body": body, "more_body": True})
         except asyncio.CancelledError:
@@ -302,6 +305,8 @@ class ProxyResponse(Response):
         finally:
             silence.close()
         if failure is None:
+            if lease.answered is not None:
+                lease.answered(self._request.body, last[0] + last[1] + held)
             if translator is not None:
                 held = translator.events(held) + translator.end()
             await send({"type": "http.response.body", "body": held})

@@ -26,7 +26,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "simgpu", "demo_runtime"),
     2: ("scheduler",),
     3: ("live",),
-    4: ("memory", "maintenance", "health"),
+    4: ("memory", "maintenance", "health", "swapstate"),
     5: ("kernel",),
     6: ("proxy",),
     7: ("api",),

@@ -43,6 +43,7 @@ from service.scheduler import (
 )
 from service.settings import Settings
 from service.store import Store, StoreWriter, open_store, queries
+from service.swapstate import StateKeeper
 
 MiB = 1024**2
 S = InstanceState
@@ -388,13 +389,22 @@ class NoCounters:
 
 
 def effects(kit: Kit, tmp_path: Path) -> KernelEffects:
+    doctor = kit.doctor(tmp_path)
+    keeper = StateKeeper(
+        tmp_path / "state",
+        runtimes=kit.runtimes,
+        events=kit.events,
+        clock=kit.clock,
+        flag=doctor.flag,
+        clear_flags=doctor.clear_flags,
+    )
     return KernelEffects(
         feed=kit.fed.append,
         runtimes=kit.runtimes,
         waiters=Waiters(),
         tickets=Tickets(),
         sleep=SleepMode(events=kit.events, probe=kit.probe, clock=kit.clock, settle_timeout_s=1),
-        doctor=kit.doctor(tmp_path),
+        doctor=doctor,
         sampler=sampler(kit, SchedulerFigures(), []),
         events=kit.events,
         metrics=NoCounters(),
@@ -402,6 +412,7 @@ def effects(kit: Kit, tmp_path: Path) -> KernelEffects:
         probe=kit.probe,
         clock=kit.clock,
         settle_timeout_s=1.0,
+        keeper=keeper,
     )
 
 
