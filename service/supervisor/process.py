@@ -29,13 +29,25 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import psutil
 
 from service.clock import Clock, SystemClock
 from service.errors import VramdError
 from service.supervisor.logs import LineSplitter, LogRing
+
+
+def _pidfds_work() -> bool:
+    """Whether this kernel has ``pidfd_open`` (Linux 5.3+), the fast way to watch a child."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+PIDFD = _pidfds_work()
 
 
 class SpawnError(VramdError):
@@ -103,34 +115,42 @@ class SubprocessLauncher:
         env: Mapping[str, str],
         cwd: str | None,
         log: LogRing,
-    ) -> ChildProcess:
+    ) -> RuntimeProcess:
         if not argv:
             raise SpawnError("cannot start a runtime: the command is empty")
         loop = asyncio.get_running_loop()
         # Compared with kernel start times, so real wall time; a second early because
         # psutil derives those from a boot time rounded to whole seconds.
         launched_at = time.time() - 1.0
+        options: dict[str, Any] = {
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            "env": dict(env),
+            "cwd": cwd,
+            "start_new_session": True,
+        }
         try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _ChildProtocol(log, self._clock, loop),
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,
-            )
+            if PIDFD:
+                # Popen forks with vfork; uvloop's subprocess_exec forks the whole daemon
+                # (20 ms and more of page tables, on the path of every cold start).
+                popen = subprocess.Popen(list(argv), **options)
+            else:
+                transport, protocol = await loop.subprocess_exec(
+                    lambda: _ChildProtocol(log, self._clock, loop), *argv, **options
+                )
         except OSError as exc:
             raise SpawnError(_describe_spawn_error(argv[0], cwd, exc)) from exc
-        pid = transport.get_pid()
+        pid = popen.pid if PIDFD else transport.get_pid()
         try:
             start_time = psutil.Process(pid).create_time()
         except psutil.Error:
             # Already exited and reaped. Any group member it left was created after
             # launched_at, so the reaper's "created at or after" test still finds them.
             start_time = launched_at
-        return ChildProcess(transport, protocol, pid=pid, start_time=start_time)
+        if PIDFD:
+            return await PidfdChild.watch(popen, log, self._clock, start_time)
+        return TransportChild(transport, protocol, pid=pid, start_time=start_time)
 
 
 def describe_exit(returncode: int, stderr_tail: str) -> str:
@@ -158,16 +178,7 @@ def _describe_spawn_error(program: str, cwd: str | None, exc: OSError) -> str:
 class ChildProcess:
     """A runtime started by ``SubprocessLauncher``; pgid == pid (its own session)."""
 
-    def __init__(
-        self,
-        transport: asyncio.SubprocessTransport,
-        protocol: _ChildProtocol,
-        *,
-        pid: int,
-        start_time: float,
-    ) -> None:
-        self._transport = transport
-        self._protocol = protocol
+    def __init__(self, *, pid: int, start_time: float) -> None:
         self._pid = pid
         self._start_time = start_time
 
@@ -183,6 +194,33 @@ class ChildProcess:
     def proc_start_time(self) -> float:
         return self._start_time
 
+    def send_signal_group(self, sig: int) -> None:
+        # After the leader is reaped the group id stays reserved while any member lives,
+        # so signalling it then still reaches only our leftovers.
+        if self.pgid <= 1:  # killpg(0 or 1) would hit the daemon's own group or init's
+            raise ValueError(f"refusing to signal process group {self.pgid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} pid={self._pid}>"
+
+
+class TransportChild(ChildProcess):
+    """Started by the loop's ``subprocess_exec`` (where pidfds are not available)."""
+
+    def __init__(
+        self,
+        transport: asyncio.SubprocessTransport,
+        protocol: _ChildProtocol,
+        *,
+        pid: int,
+        start_time: float,
+    ) -> None:
+        super().__init__(pid=pid, start_time=start_time)
+        self._transport = transport
+        self._protocol = protocol
+
     @property
     def returncode(self) -> int | None:
         return self._transport.get_returncode()
@@ -193,24 +231,108 @@ class ChildProcess:
         assert code is not None
         return code
 
-    def send_signal_group(self, sig: int) -> None:
-        # After the leader is reaped the group id stays reserved while any member lives,
-        # so signalling it then still reaches only our leftovers.
-        if self.pgid <= 1:  # killpg(0 or 1) would hit the daemon's own group or init's
-            raise ValueError(f"refusing to signal process group {self.pgid}")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, sig)
-
     async def close(self, timeout_s: float = 1.0) -> None:
-        if not self._protocol.finished.done():
-            # A member that left the group (its own setsid) may hold the pipes forever.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._protocol.finished), timeout_s)
+        await _drain(self._protocol.finished, timeout_s)
         self._protocol.flush()
         self._transport.close()
 
-    def __repr__(self) -> str:
-        return f"<ChildProcess pid={self._pid} returncode={self.returncode}>"
+
+class PidfdChild(ChildProcess):
+    """Started by ``subprocess.Popen``; its exit is seen on a pidfd, its output on pipes
+    the loop reads (Linux 5.3 and later)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, start_time: float) -> None:
+        super().__init__(pid=popen.pid, start_time=start_time)
+        self._popen = popen
+        self._pidfd: int | None = pidfd
+        loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self._pipes: list[asyncio.BaseTransport] = []
+        self._protocols: list[_PipeProtocol] = []
+        loop.add_reader(pidfd, self._reap)
+
+    @classmethod
+    async def watch(
+        cls, popen: subprocess.Popen[bytes], log: LogRing, clock: Clock, start_time: float
+    ) -> PidfdChild:
+        child = cls(popen, os.pidfd_open(popen.pid), start_time)
+        loop = asyncio.get_running_loop()
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            protocol = _PipeProtocol(LineSplitter(stream, log, clock.now), loop)  # type: ignore[arg-type]
+            transport, _ = await loop.connect_read_pipe(protocol.itself, pipe)
+            child._pipes.append(transport)
+            child._protocols.append(protocol)
+        return child
+
+    def _reap(self) -> None:
+        """The pidfd is readable: the leader has exited; reap it (nobody else does)."""
+        try:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its status is lost
+            pid, status = self._pid, 255 << 8
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = code  # so Popen never waits for it again
+        self._forget_pidfd()
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    def _forget_pidfd(self) -> None:
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exited.result() if self.exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.exited)
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        for protocol in self._protocols:
+            await _drain(protocol.finished, timeout_s)
+            protocol.flush()
+        for transport in self._pipes:
+            transport.close()
+        if self._pidfd is not None and self.exited.done():
+            self._forget_pidfd()
+
+
+async def _drain(finished: asyncio.Future[None], timeout_s: float) -> None:
+    """Wait (up to ``timeout_s``) for output still in flight: a member that left the
+    group (its own setsid) may hold the pipes forever."""
+    if not finished.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+
+
+class _PipeProtocol(asyncio.Protocol):
+    """One of a ``PidfdChild``'s pipes: its bytes become log lines."""
+
+    def __init__(self, splitter: LineSplitter, loop: asyncio.AbstractEventLoop) -> None:
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self._splitter = splitter
+
+    def itself(self) -> _PipeProtocol:
+        return self
+
+    def data_received(self, data: bytes) -> None:
+        self._splitter.feed(data)
+
+    def eof_received(self) -> bool | None:
+        self._splitter.flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._splitter.flush()
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def flush(self) -> None:
+        self._splitter.flush()
 
 
 class _ChildProtocol(asyncio.SubprocessProtocol):
