@@ -368,6 +368,7 @@ async def test_queue_timeout(harness: OrchestratorHarness) -> None:
     spec = demo_service(memory_mib=40, max_concurrency=1, queue={"max": 4, "timeout": 0.5})
     daemon = await harness.start(policy_text({"q": spec}))
     orc = daemon.orchestrator
+    await orc.load("q")  # loaded first: the held request must not wait out 0.5 s on a load
 
     held = await orc.acquire("q")
     started = time.monotonic()
