@@ -79,7 +79,13 @@ class Adapter(Protocol):
     def ready_line(self) -> re.Pattern[str] | None:
         """A log line (stdout or stderr) the runtime prints once it can serve; ``None``
         when it prints none worth waiting for. Seeing it makes the supervisor poll health
-        at once: it hastens the check, it never replaces it."""
+        at once: it hastens the check, and replaces it only where ``ready_line_final``."""
+        ...
+
+    @property
+    def ready_line_final(self) -> bool:
+        """Whether the runtime prints ``ready_line`` only after its health says ready, so
+        the line alone means ready (no health request to confirm it)."""
         ...
 
     def parse_metrics(self, text: str) -> RuntimeMetrics:
@@ -108,6 +114,7 @@ class BaseAdapter:
     oom_patterns: tuple[re.Pattern[str], ...] = ()
     slots_path: str | None = None
     ready_line: re.Pattern[str] | None = None
+    ready_line_final: bool = False
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300

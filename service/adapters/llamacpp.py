@@ -14,6 +14,8 @@ level before it when the log prefix is on (``0.00.099.290 I srv  llama_server: .
 the default now) and colour codes around it with ``--log-colors``. That is the
 ``ready_line``, so a load is seen the moment it ends, not at the next poll. Only that
 line says "model loaded", and a router (``--models-dir``) prints it only from children.
+Every build sets its ready flag before it prints the line, so the line is final: no
+health request needs to confirm it (``ready_line_final``; the poll stays the fallback).
 
 Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
 (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
@@ -124,4 +126,5 @@ LLAMA_CPP = LlamaCppAdapter(
     oom_patterns=GGML_OOM_PATTERNS,
     slots_path="/slots",
     ready_line=LLAMA_READY_LINE,
+    ready_line_final=True,
 )

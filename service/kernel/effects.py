@@ -257,6 +257,7 @@ class KernelEffects:
                 on_spawned=spawned,
                 health_ok=rt.adapter.health_ok,
                 ready_line=rt.adapter.ready_line,
+                ready_line_final=rt.adapter.ready_line_final,
             )
 
     def _runtime_totals(self, devices: tuple[int, ...]) -> tuple[int, ...]:

@@ -196,11 +196,13 @@ class Instance:
         on_spawned: OnSpawned | None = None,
         health_ok: HealthOk = any_success,
         ready_line: re.Pattern[str] | None = None,
+        ready_line_final: bool = False,
     ) -> None:
         """Start the runtime and return once it is READY; raise ``StartFailed`` if not.
 
         ``ready_line`` (the adapter's) is the log line the runtime prints once it can
-        serve: when this process prints it, health is polled at once (``run.py``).
+        serve: when this process prints it, health is polled at once (``run.py``), or,
+        with ``ready_line_final``, the line alone means ready.
 
         ``on_spawned`` is awaited right after the spawn, before health polling: the
         daemon records pid, pgid and start time there, so no process runs unrecorded
@@ -218,6 +220,7 @@ class Instance:
             on_spawned,
             health_ok,
             ready_line,
+            ready_line_final,
         )
         check_transition(self._state, S.STARTING)
         reason = "start requested"

@@ -80,6 +80,9 @@ class LaunchSpec:
     # A line the runtime prints once it can serve (the adapter's ``ready_line``): when
     # this process prints it, health is polled at once instead of at the next delay.
     ready_line: re.Pattern[str] | None = None
+    # The runtime prints ``ready_line`` only once its health answers ready (the adapter's
+    # ``ready_line_final``): the line alone is then enough, with no poll to confirm it.
+    ready_line_final: bool = False
 
 
 def health_poll_delay(elapsed_s: float) -> float:
@@ -204,7 +207,10 @@ class ProcessRun:
 
     async def _poll_health(self) -> None:
         t0 = self._clock.monotonic()
+        final = self.spec.ready_line_final
         while True:
+            if final and self._line_heard.is_set():
+                return
             self._line_heard.clear()  # a line heard from here on asks for another poll
             if await self._health_says_ready():
                 return
