@@ -142,6 +142,9 @@ class StateKeeper:
         self._show_saved(service, manifest)
         if why is None and Flag.STATE_INEFFECTIVE in rt.flags:
             self._clear_flags(rt, {Flag.STATE_INEFFECTIVE}, "a changed command")
+        elif why is not None and Flag.STATE_INEFFECTIVE not in rt.flags:
+            # Found on disk (the daemon restarted): the verdict still holds.
+            self._flag(rt, Flag.STATE_INEFFECTIVE, f"saving is off: {why}")
 
     async def save(self, rt: ServiceRuntime, reason: str) -> None:
         """Save every slot that may hold tokens; never raises."""

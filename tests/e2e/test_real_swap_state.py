@@ -58,8 +58,18 @@ def services(model: Path, disk: str = "64MiB") -> dict[str, dict[str, Any]]:
     }
 
 
+WINDOW = """\
+maintenance:
+  windows:
+    - name: nightly
+      cron: "30 3 * * *"
+      duration: 1s
+      restart: [chat]
+"""
+
+
 def policy(model: Path, disk: str = "64MiB") -> str:
-    return policy_yaml(services(model, disk), budget="450MiB", sample_interval="0.5s")
+    return policy_yaml(services(model, disk), budget="450MiB", sample_interval="0.5s", extra=WINDOW)
 
 
 def ask(daemon: Daemon, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
@@ -135,7 +145,9 @@ def test_a_swapped_out_conversation_resumes_from_its_restored_cache(tmp_path: Pa
         assert any(entry.startswith("LLAMA_ARG_FIT_TARGET=") for entry in environ)
 
 
-def test_a_drained_restart_keeps_the_state_and_a_changed_model_drops_it(tmp_path: Path) -> None:
+def test_drained_and_window_restarts_keep_the_state_and_a_changed_model_drops_it(
+    tmp_path: Path,
+) -> None:
     model = write_tiny_llama(tmp_path / "tiny.gguf")
     with running_daemon(policy(model), tmp_path, in_thread=True) as daemon:
         kept = talk("lakes")
@@ -145,6 +157,12 @@ def test_a_drained_restart_keeps_the_state_and_a_changed_model_drops_it(tmp_path
         again = ask(daemon, "chat", then(kept, first))
         (restore,) = events(daemon, "state-restore")
         assert again["timings"]["cache_n"] >= 0.9 * restore["data"]["tokens"]
+
+        # A maintenance window's restart keeps it as well.
+        assert daemon.post("/api/maintenance/nightly/run").status_code == 200
+        daemon.wait_for(lambda: len(events(daemon, "state-restore")) == 2, timeout=60)
+        once_more = ask(daemon, "chat", then(kept, first))
+        assert once_more["timings"]["cache_n"] >= 0.9 * restore["data"]["tokens"]
 
         # Same path, new mtime: a different model as far as saved state is concerned.
         stat = model.stat()

@@ -52,8 +52,18 @@ OTHER = {
 }
 
 
+WINDOW = """\
+maintenance:
+  windows:
+    - name: nightly
+      cron: "30 3 * * *"
+      duration: 1s
+      restart: [chat]
+"""
+
+
 def policy(chat: dict[str, Any]) -> str:
-    return policy_yaml({"chat": chat, "other": OTHER}, budget="300MiB")
+    return policy_yaml({"chat": chat, "other": OTHER}, budget="300MiB", extra=WINDOW)
 
 
 def turn(daemon: Daemon, messages: list[dict[str, str]], model: str = "chat") -> dict[str, Any]:
@@ -123,6 +133,13 @@ def test_an_evicted_conversation_is_restored_and_continues_from_the_cache(
         third = turn(daemon, follow_up(follow_up(first, answer), again))
         assert third["timings"]["cache_n"] > again["timings"]["cache_n"]
 
+        # So does a maintenance window's restart.
+        assert daemon.post("/api/maintenance/nightly/run").status_code == 200
+        daemon.wait_for(lambda: len(kinds(daemon, "state-restore")) == 3)
+        assert "window" in kinds(daemon, "state-save")[-1]["data"]["reason"]
+        fourth = turn(daemon, follow_up(follow_up(follow_up(first, answer), again), third))
+        assert fourth["timings"]["cache_n"] > third["timings"]["cache_n"]
+
         metrics = daemon.get("/metrics").text
         assert 'vramd_state_saved_bytes{service="chat"}' in metrics
 
@@ -164,6 +181,14 @@ def test_a_restore_that_did_nothing_is_flagged_and_saving_stops(tmp_path: Path) 
         evict_chat(daemon)
         assert len(kinds(daemon, "state-save")) == 1  # saving has stopped
         assert daemon.service("chat")["saved_state"]["ineffective"]
+
+        # A changed command (here: a runtime whose restores work) lifts the flag.
+        applied = daemon.post("/api/policy", content=policy(chat_spec()).encode())
+        assert applied.status_code == 200, applied.text
+        turn(daemon, conversation("fixed"))
+        assert "state-ineffective" not in daemon.service("chat")["flags"]
+        evict_chat(daemon)
+        assert len(kinds(daemon, "state-save")) == 2
 
 
 def test_a_crash_saves_nothing_and_keeps_what_was_saved_before(tmp_path: Path) -> None:
