@@ -2,6 +2,7 @@
 
 orchestrator.py     Orchestrator: the pump (events in, actions out) and policy apply
 effects.py          KernelEffects: spawn, stop, wait for memory, answer waiters
+swap_steps.py       SwapSteps: how long each step of a stop and a start took (swap events)
 sleeping.py         SleepMode: evicting a runtime by putting it to sleep (vLLM)
 startup_reaping.py  stopping what a previous daemon left running, found by its rows
 tickets.py          Tickets: operators awaiting the answer to load, unload, restart

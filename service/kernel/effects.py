@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any, Protocol
 
 from service.clock import Clock
@@ -25,6 +24,7 @@ from service.domain import INSTANCE_FLAGS, Flag, InstanceState
 from service.errors import RuntimeFailed
 from service.kernel.background import BackgroundTasks
 from service.kernel.sleeping import SleepMode
+from service.kernel.swap_steps import SwapSteps, ms, now
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import REJECTIONS, Lease, Waiters
@@ -98,9 +98,7 @@ class KernelEffects:
     ) -> None:
         self._feed = feed
         self._keeper = self.keeper = keeper
-        # Per service, when each step of its current stop or start began (perf_counter
-        # seconds): the "swap" events report the steps' milliseconds.
-        self._marks: dict[str, dict[str, float]] = {}
+        self._steps = SwapSteps(events)
         self._runtimes = runtimes
         self._waiters = waiters
         self._tickets = tickets
@@ -127,7 +125,7 @@ class KernelEffects:
     def drain(self, action: Stop) -> None:
         rt = self._runtimes[action.service]
         if rt.instance.state is S.READY:
-            self._marks[rt.name] = {"drain": time.perf_counter()}
+            self._steps.begin(rt.name, "drain")
             rt.instance.begin_draining(action.reason)
 
     def stop(self, action: Stop) -> None:
@@ -156,6 +154,7 @@ class KernelEffects:
                 queue_ms=(self._clock.monotonic() - waiter.arrived) * 1000,
                 cold_start=waiter.cold,
                 answered=self._keeper.checking(rt.name),
+                first_byte=self._steps.first_answer(rt),
             )
         )
 
@@ -195,7 +194,7 @@ class KernelEffects:
             reason = "could not be woken" if action.wake else "admitted on another device"
             await self._sleep.stop_sleeper(rt, reason)
         devices = action.devices
-        self._marks[rt.name] = {"start": time.perf_counter()}
+        self._steps.begin(rt.name, "start")
         self._keeper.spawning(rt)
         fit = self._fit_target(rt, devices)
         args = launch_args(
@@ -226,7 +225,7 @@ class KernelEffects:
             )
 
         async def spawned(proc: Any) -> None:
-            self._marks.setdefault(rt.name, {})["spawned"] = time.perf_counter()
+            self._steps.mark(rt.name, "spawned")
             self._sampler.process_spawned(rt, proc.pid)
             started_at = self._clock.now()
             rt.instance_id = self._writer.put_row(
@@ -271,25 +270,25 @@ class KernelEffects:
         if action.sleepable and rt.spec.sleep and await self._sleep.try_sleep(rt, action.reason):
             self._feed(InstanceAsleep(rt.name))
             return
-        marks = self._marks.pop(rt.name, {})
+        marks = self._steps.take(rt.name)
         steps: dict[str, float] = {}
-        began = time.perf_counter()
+        began = now()
         if "drain" in marks:
-            steps["drain_ms"] = _ms(marks["drain"], began)
+            steps["drain_ms"] = ms(marks["drain"], began)
         if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
             await self._keeper.save(rt, action.reason)
-            steps["save_ms"] = _ms(began, time.perf_counter())
+            steps["save_ms"] = ms(began, now())
         pids = rt.last_pids
         comeback = self._comeback(rt)  # taken while it still runs
         if self._probe.backend != "host":
             rt.departing = dict(rt.device_bytes)
-        signalled = time.perf_counter()
+        signalled = now()
         await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
-        exited = time.perf_counter()
+        exited = now()
         await self.settle(rt, pids, comeback)
-        steps["stop_ms"] = _ms(signalled, exited)
-        steps["settle_ms"] = _ms(exited, time.perf_counter())
-        self._record_steps(rt, "stop", steps)
+        steps["stop_ms"] = ms(signalled, exited)
+        steps["settle_ms"] = ms(exited, now())
+        self._steps.record(rt, "stop", steps)
 
     async def stop_all(self, reason: str) -> None:
         """The daemon closes: each runtime saves its state (if it keeps any and has not
@@ -406,10 +405,9 @@ class KernelEffects:
         if old is not S.STARTING:
             self._feed(InstanceReady(rt.name))
         elif rt.spec.state is not None:
-            ready = time.perf_counter()
-            self.tasks.spawn(self._restore_then_ready(rt, ready), f"restore {rt.name}")
+            self.tasks.spawn(self._restore_then_ready(rt, now()), f"restore {rt.name}")
         else:
-            self._started(rt, time.perf_counter())
+            self._started(rt, now())
 
     async def _restore_then_ready(self, rt: ServiceRuntime, ready: float) -> None:
         """A fresh instance that keeps state: restore it before the scheduler hears the
@@ -418,31 +416,14 @@ class KernelEffects:
         await self._keeper.restore(rt)
         inst = rt.instance
         if inst.state is S.READY and inst.ready_at == ready_at:
-            self._started(rt, ready, restore_ms=_ms(ready, time.perf_counter()))
+            self._started(rt, ready, restore_ms=ms(ready, now()))
         # Else it died or was stopped meanwhile: on_state has said so.
 
     def _started(self, rt: ServiceRuntime, ready: float, restore_ms: float | None = None) -> None:
         """Tell the scheduler the new instance is ready, then record its start's steps."""
+        self._steps.awaiting(rt.name)
         self._feed(InstanceReady(rt.name))
-        marks = self._marks.pop(rt.name, {})
-        steps: dict[str, float] = {}
-        if "start" in marks and "spawned" in marks:
-            steps["spawn_ms"] = _ms(marks["start"], marks["spawned"])
-            steps["ready_ms"] = _ms(marks["spawned"], ready)
-        if restore_ms is not None:
-            steps["restore_ms"] = restore_ms
-        self._record_steps(rt, "start", steps)
-
-    def _record_steps(self, rt: ServiceRuntime, phase: str, steps: dict[str, float]) -> None:
-        """One "swap" event per stop and per start, with each step's milliseconds."""
-        text = ", ".join(f"{key.removesuffix('_ms')} {ms:.1f} ms" for key, ms in steps.items())
-        self._events.record(
-            "swap",
-            f"{rt.name} {phase}: {text or 'no steps timed'}",
-            service=rt.name,
-            instance_id=rt.instance_id,
-            data={"phase": phase, "steps": steps},
-        )
+        self._steps.started(rt, ready, restore_ms)
 
     def _fit_target(self, rt: ServiceRuntime, devices: tuple[int, ...]) -> tuple[int, ...]:
         """``LLAMA_ARG_FIT_TARGET`` for a llama.cpp service; empty for other runtimes, when
@@ -457,6 +438,7 @@ class KernelEffects:
         inst = rt.instance
         self._doctor.end_watch(rt)
         self._keeper.stopped(rt.name)
+        self._steps.forget(rt.name)
         self._sampler.record_exit(rt, reason)
         error = inst.last_error or reason
         if old is S.STARTING and new is not S.STOPPED:
@@ -477,10 +459,6 @@ class KernelEffects:
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
-
-
-def _ms(start: float, end: float) -> float:
-    return round((end - start) * 1000, 1)
 
 
 def _loop_text(deaths: int) -> str:

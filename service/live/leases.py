@@ -75,6 +75,9 @@ class Lease:
     # Told (request body, answer) after a whole answer or stream: set only while a
     # restored state awaits its verdict (``swapstate.verify``), so it costs nothing else.
     answered: Callable[[bytes, bytes], None] | None = None
+    # Called when the runtime's answer begins: set only for a new instance's first request
+    # (its ``swap`` event's ``first_byte_ms``).
+    first_byte: Callable[[], None] | None = None
 
 
 class LeaseProvider(Protocol):

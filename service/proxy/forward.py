@@ -179,13 +179,7 @@ class ProxyResponse(Response):
         it: it has just died) answers nothing to the client and returns ``NOT_SENT``."""
         config = self._config
         client = lease.client
-        request = client.build_request(
-            self._request.method,
-            lease.base_url + self._request.path,
-            content=self._request.body_for(lease.upstream_model),
-            headers=self._request.headers,
-            timeout=config.upstream_timeout,
-        )
+        request = self._upstream_request(lease)
         marks = _lease_headers(lease) + list(self._request.reply_headers)
         if self._request.translator is not None:
             self._request.translator.leased(lease.queue_ms, lease.cold_start)
@@ -208,6 +202,8 @@ class ProxyResponse(Response):
             failure = _failed(lease, "dropped the connection before answering", exc)
             return await self._answer_failure(failure, marks, scope, receive, send)
 
+        if lease.first_byte is not None:
+            lease.first_byte()
         try:
             ack = Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
@@ -244,6 +240,15 @@ class ProxyResponse(Response):
             return Outcome.OK, None
         finally:
             await upstream.aclose()
+
+    def _upstream_request(self, lease: Lease) -> httpx.Request:
+        return lease.client.build_request(
+            self._request.method,
+            lease.base_url + self._request.path,
+            content=self._request.body_for(lease.upstream_model),
+            headers=self._request.headers,
+            timeout=self._config.upstream_timeout,
+        )
 
     async def _answer_failure(
         self,

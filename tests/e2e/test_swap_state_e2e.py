@@ -126,6 +126,7 @@ def test_an_evicted_conversation_is_restored_and_continues_from_the_cache(
         phases = {e["data"]["phase"]: e["data"]["steps"] for e in kinds(daemon, "swap")}
         assert {"save_ms", "stop_ms", "settle_ms"} <= set(phases["stop"])
         assert {"spawn_ms", "ready_ms", "restore_ms"} <= set(phases["start"])
+        assert phases["first-byte"]["first_byte_ms"] > 0
 
         # A drained restart (the operator's) saves and restores as well.
         assert daemon.post("/api/services/chat/restart").status_code == 200
