@@ -243,3 +243,24 @@ def test_a_failed_restore_never_blocks_the_waiting_requests(tmp_path: Path, mode
         (restore,) = kinds(daemon, "state-restore")
         assert restore["data"]["failures"] and restore["data"]["slots"] == []
         assert "state-ineffective" not in daemon.service("chat")["flags"]
+
+
+def test_an_idle_unload_and_the_daemons_shutdown_save_and_a_new_daemon_restores(
+    tmp_path: Path,
+) -> None:
+    idle = chat_spec(idle_ttl="1s")
+    with running_daemon(policy(idle), tmp_path, in_thread=True) as daemon:
+        first = conversation("seasons")
+        answer = turn(daemon, first)
+        daemon.wait_for(lambda: daemon.service("chat")["state"] == "stopped")
+        (save,) = kinds(daemon, "state-save")
+        assert "idle" in save["data"]["reason"]
+        again = turn(daemon, follow_up(first, answer))
+        assert again["timings"]["cache_n"] > 0
+    # The shutdown saved what the runtime held; the next daemon restores it.
+    with running_daemon(policy(idle), tmp_path, in_thread=True) as daemon:
+        saves = kinds(daemon, "state-save")
+        assert "shutting down" in saves[-1]["data"]["reason"]
+        third = turn(daemon, follow_up(follow_up(first, answer), again))
+        assert third["timings"]["cache_n"] > again["timings"]["cache_n"]
+        assert kinds(daemon, "state-restore")[-1]["data"]["tokens"] == saves[-1]["data"]["tokens"]
