@@ -26,6 +26,9 @@ is timed is the path around the load), each started with the same arguments ever
    them), the same alternation, the request's ``model`` picking the model. The router
    now and then drops a proxied request unanswered; it is asked again, timed from the
    first try, and the retry counted (``retries``).
+5. ``state across a swap`` (``bench.swap_state``): with and without ``state`` on a
+   larger model, a conversation's follow-up after a swap away and back: tokens
+   re-processed, the save and restore (ms, bytes), and the time state adds per MiB.
 
 Every method gets one unmeasured run first (page cache, first connections), then
 ``--runs`` measured ones. Every process is started in its own group and stopped, the
@@ -51,6 +54,13 @@ from rich.console import Console
 
 from bench.processes import REPO_ROOT, Vramd, free_port, policy_text, running_vramd, spawn
 from bench.report import markdown_table, rich_table, write_outputs
+from bench.swap_state import (
+    STATE_SHAPE,
+    measure_state,
+    print_state,
+    state_markdown,
+    summarize_state,
+)
 from bench.tiny_gguf import N_CTX, write_tiny_llama
 
 DEFAULT_BINARY = REPO_ROOT / "build/llama-server/bin/llama-server"
@@ -75,6 +85,7 @@ STEP_KEYS = (
 )
 TARGET_ADDED_COLD_MS = 20.0
 ROUTER_TRIES = 3
+STATE = "state"  # the key of bench.swap_state's results and summary
 
 
 # -- one request --------------------------------------------------------------------
@@ -299,11 +310,13 @@ def median_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def summarize(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """Medians per method, vramd's added cold start, and the swap ratio against the router."""
+def summarize(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Medians per method, vramd's added cold start, the swap ratio against the router,
+    and (under ``state``) bench.swap_state's figures."""
     medians = {
         method: {key: median_of(rows, key) for key in ("first_byte_ms", "full_ms")}
         for method, rows in results.items()
+        if method != STATE
     }
     hand = medians.get("cold_by_hand", {}).get("first_byte_ms")
     cold = medians.get("cold_vramd", {}).get("first_byte_ms")
@@ -319,6 +332,7 @@ def summarize(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
         "swap_ratio_met": ratio is not None and ratio <= 1.0,
         "swap_steps_ms": median_steps(results.get("swap_vramd", [])),
         "cold_steps_ms": median_steps(results.get("cold_vramd", [])),
+        **({STATE: summarize_state(results[STATE])} if STATE in results else {}),
     }
 
 
@@ -384,7 +398,8 @@ def markdown(report: Mapping[str, Any]) -> str:
     if len(columns) > 1:
         lines += ["", *markdown_table(columns, rows)]
     lines += ["", *(f"- {line}" for line in verdicts(report))]
-    return "\n".join(lines) + "\n"
+    state = state_markdown(report)
+    return "\n".join([*lines, *([""] if state else []), *state]) + "\n"
 
 
 def _ms(value: float | None) -> str:
@@ -394,7 +409,7 @@ def _ms(value: float | None) -> str:
 # -- the command ----------------------------------------------------------------------
 
 
-def measure(binary: Path, runs: int, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+def measure(binary: Path, runs: int, workdir: Path) -> dict[str, Any]:
     models_dir = workdir / "models"
     models_dir.mkdir(exist_ok=True)
     models = {
@@ -408,6 +423,7 @@ def measure(binary: Path, runs: int, workdir: Path) -> dict[str, list[dict[str, 
         "cold_vramd": cold_through_vramd(binary, models[MODELS[0]], runs, workdir / "vramd-cold"),
         "swap_vramd": swaps_through_vramd(binary, models, runs, workdir / "vramd-swap"),
         "swap_router": swaps_through_router(binary, models_dir, runs, workdir),
+        STATE: measure_state(binary, runs, workdir / "state"),
     }
 
 
@@ -438,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             "llama_server": str(args.llama_server),
             "runtime_args": list(RUNTIME_ARGS),
             "request": BODY,
+            "state_model": STATE_SHAPE,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg": os.getloadavg(),
@@ -452,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(rich_table("vramd's steps, from its events", columns, rows))
     for line in verdicts(report):
         console.print(line, markup=False)
+    print_state(console, report)
     write_outputs(report, markdown(report), json_path=args.json, markdown_path=args.markdown)
     return 0
 

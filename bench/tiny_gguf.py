@@ -4,7 +4,9 @@ The same model as ``tests/support/gguf_model.py`` (which the benchmarks do not i
 ``bench`` stands on its own): architecture ``llama``, 2 layers, ``n_embd`` 64, 4 heads,
 a 256-token context, a byte-level SPM vocabulary, seeded noise for weights. About 1 MB;
 llama.cpp loads it in milliseconds, so what a benchmark times is the path around the
-load, not the load. Different seeds give different files of the same shape.
+load, not the load. Different seeds give different files of the same shape. The shape
+parameters of ``write_tiny_llama`` make a larger one (``bench.swap_state`` needs a KV
+cache big enough for its saved state to be measured); their defaults give this model.
 
 Needs ``gguf`` (requirements-real.txt; ``make bench-swap`` installs it).
 """
@@ -17,8 +19,22 @@ N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX = 2, 64, 4, 128, 256
 VOCAB = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256))]
 
 
-def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
-    """Write the model to ``path`` (its folder must exist) and return ``path``."""
+def write_tiny_llama(
+    path: Path,
+    *,
+    seed: int = 0,
+    n_layer: int = N_LAYER,
+    n_embd: int = N_EMBD,
+    n_head: int = N_HEAD,
+    n_ff: int = N_FF,
+    n_ctx: int = N_CTX,
+) -> Path:
+    """Write the model to ``path`` (its folder must exist) and return ``path``.
+
+    The defaults give the model described above; ``n_embd`` must divide by ``n_head``.
+    """
+    if n_embd % n_head:
+        raise ValueError(f"n_embd {n_embd} does not divide by n_head {n_head}")
     import gguf  # only here: the rest of bench runs without it
     import numpy as np
 
@@ -33,13 +49,13 @@ def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"vramd-tiny-llama-{seed}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(VOCAB))
     writer.add_pooling_type(gguf.PoolingType.MEAN)
@@ -52,18 +68,18 @@ def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     # numpy shapes are ggml's dimensions reversed: token_embd is {n_embd, n_vocab} in ggml.
-    writer.add_tensor("token_embd.weight", noise(len(VOCAB), N_EMBD))
-    writer.add_tensor("output_norm.weight", ones(N_EMBD))
-    writer.add_tensor("output.weight", noise(len(VOCAB), N_EMBD))
-    for layer in range(N_LAYER):
+    writer.add_tensor("token_embd.weight", noise(len(VOCAB), n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    writer.add_tensor("output.weight", noise(len(VOCAB), n_embd))
+    for layer in range(n_layer):
         blk = f"blk.{layer}"
-        writer.add_tensor(f"{blk}.attn_norm.weight", ones(N_EMBD))
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"{blk}.{name}.weight", noise(N_EMBD, N_EMBD))
-        writer.add_tensor(f"{blk}.ffn_norm.weight", ones(N_EMBD))
-        writer.add_tensor(f"{blk}.ffn_gate.weight", noise(N_FF, N_EMBD))
-        writer.add_tensor(f"{blk}.ffn_up.weight", noise(N_FF, N_EMBD))
-        writer.add_tensor(f"{blk}.ffn_down.weight", noise(N_EMBD, N_FF))
+            writer.add_tensor(f"{blk}.{name}.weight", noise(n_embd, n_embd))
+        writer.add_tensor(f"{blk}.ffn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{blk}.ffn_gate.weight", noise(n_ff, n_embd))
+        writer.add_tensor(f"{blk}.ffn_up.weight", noise(n_ff, n_embd))
+        writer.add_tensor(f"{blk}.ffn_down.weight", noise(n_embd, n_ff))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
