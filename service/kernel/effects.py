@@ -282,6 +282,10 @@ class KernelEffects:
         comeback = self._comeback(rt)  # taken while it still runs
         if self._probe.backend != "host":
             rt.departing = dict(rt.device_bytes)
+        # Pooled keep-alive connections closed first: llama-server waits ~100 ms at
+        # SIGTERM for an idle client connection to go (nothing is in flight by now, or
+        # what is has run out of stop_timeout and is cut either way).
+        await rt.close_client()
         signalled = now()
         await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
         exited = now()
