@@ -436,7 +436,8 @@ class KernelEffects:
             return ()
         reading = self._sampler.last_reading
         free = {d.index: d.free for d in reading.devices} if reading else {}
-        return fit_target_for(rt, devices, free, self._runtimes.values())
+        starting = [o for o in self._runtimes.values() if o.instance.state is S.STARTING]
+        return fit_target_for(rt, devices, free, starting)
 
     def _gone(self, rt: ServiceRuntime, old: S, new: S, reason: str) -> None:
         inst = rt.instance

@@ -156,19 +156,20 @@ def fit_target_for(
     rt: ServiceRuntime,
     devices: Sequence[int],
     free: Mapping[int, int],
-    runtimes: Iterable[ServiceRuntime],
+    starting: Iterable[ServiceRuntime],
 ) -> tuple[int, ...]:
     """``rt``'s ``LLAMA_ARG_FIT_TARGET`` on ``devices`` (docs/policy.md, "Runtimes sized
     inside their cap"), from each device's ``free`` memory; empty if one is unknown.
 
-    What a starting instance will still take is its size (cap, else learned peak, else
-    estimate) times its share of the device, less what it already holds there.
+    What each of the other instances ``starting`` will still take is its size (cap, else
+    learned peak, else estimate) times its share of the device, less what it already
+    holds there.
     """
     if not devices or not all(device in free for device in devices):
         return ()
     others = [0] * len(devices)
-    for other in runtimes:
-        if other is rt or other.instance.state is not InstanceState.STARTING:
+    for other in starting:
+        if other is rt:
             continue
         for share, device in zip(_shares(other, len(other.devices)), other.devices, strict=True):
             if device in devices:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from support.fake_clock import FakeClock
+from support.fake_launcher import FakeLauncher
 
-from service.live.runtimes import launch_args
+from service.live.runtimes import RuntimeTable, fit_target_for, fit_target_mib, launch_args
 from service.policy import Service, load_policy
 
 GiB = 1024**3
@@ -101,3 +104,61 @@ def test_cap_fraction_never_rounds_up_where_a_float_floor_would() -> None:
     fraction = cap_fraction(cap, (1.0,), (total,))
     assert fraction == "0.2899"
     assert float(fraction) * total <= cap
+
+
+MiB = 1024**2
+
+
+def table(policy_text: str) -> RuntimeTable:
+    policy = load_policy(policy_text)
+    return RuntimeTable(
+        dict(policy.services),
+        launcher=FakeLauncher(),
+        clock=FakeClock(),
+        http=httpx.AsyncClient(),
+    )
+
+
+TWO_LLAMAS = """\
+version: 1
+services:
+  big:
+    kind: chat
+    models: [big]
+    command: [llama-server, --port, "${PORT}"]
+    span: 2
+    memory: {estimate: 10GiB, cap: 12GiB, split: [0.75, 0.25]}
+  small:
+    kind: chat
+    models: [small]
+    command: [llama-server, --port, "${PORT}"]
+    memory: {estimate: 2GiB}
+"""
+
+
+def test_fit_target_leaves_free_what_the_cap_and_other_starting_loads_do_not_take() -> None:
+    runtimes = table(TWO_LLAMAS)
+    big, small = runtimes["big"], runtimes["small"]
+    free = {0: 20 * GiB, 1: 20 * GiB}
+    # Nothing else starting: free less the service's share of its cap on each device.
+    assert fit_target_for(big, (0, 1), free, [big]) == (
+        (20 * GiB - 9 * GiB) // MiB,
+        (20 * GiB - 3 * GiB) // MiB,
+    )
+    # small starts on device 1 and already holds 0.5 GiB of its 2 GiB estimate.
+    small.devices, small.device_bytes = (1,), {1: GiB // 2}
+    assert fit_target_for(big, (0, 1), free, [big, small]) == (
+        (20 * GiB - 9 * GiB) // MiB,
+        (20 * GiB - int(1.5 * GiB) - 3 * GiB) // MiB,
+    )
+    assert fit_target_for(big, (0, 1), {0: free[0]}, [small]) == ()  # not sampled yet
+    assert fit_target_mib([GiB], [0], [2 * GiB]) == (0,)  # never below zero
+
+
+def test_fit_target_reaches_the_environment_unless_the_service_sets_it() -> None:
+    service = service_with_env()
+    args = launch_args("v", service, port=1, devices=(0,), fit_target_mib=(4096,))
+    assert args.env["LLAMA_ARG_FIT_TARGET"] == "4096"
+    own = service_with_env('{LLAMA_ARG_FIT_TARGET: "512"}')
+    args = launch_args("v", own, port=1, devices=(0,), fit_target_mib=(4096,))
+    assert args.env["LLAMA_ARG_FIT_TARGET"] == "512"
