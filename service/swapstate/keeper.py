@@ -30,7 +30,7 @@ from typing import Any
 from service.clock import Clock
 from service.domain import Flag
 from service.live.events import EventLog
-from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.live.runtimes import RuntimeTable, ServiceRuntime, uses_state_dir
 from service.swapstate.files import Identity, Manifest, SavedSlot, StateDir, over_budget
 from service.swapstate.slots import SlotActionFailed, list_slots, restore_slot, save_slot
 from service.swapstate.verify import ANSWERS_TO_WAIT, Restored, keep_text, verdict
@@ -130,12 +130,15 @@ class StateKeeper:
 
     def spawning(self, rt: ServiceRuntime) -> None:
         """A new process of ``rt`` is about to start: its identity decides what it may
-        restore, and a changed command lifts ``state-ineffective``."""
-        if rt.spec.state is None:
+        restore, and a changed command lifts ``state-ineffective``. Also for a service
+        that only names ``${STATE_DIR}``: ``state`` may be switched on in place later."""
+        if rt.spec.state is None and not uses_state_dir(rt.spec):
             return
         service = self._service(rt.name)
         service.pending = None
         service.identity = Identity.of(rt.spec.command, rt.spec.env, rt.spec.cwd)
+        if rt.spec.state is None:
+            return
         manifest = service.dir.read()
         why = manifest.ineffective_for(service.identity)
         service.figures.ineffective = why
