@@ -30,10 +30,12 @@ yields at the earliest of
 
 No thrash: an instance loaded for waiting requests (its *batch*: those, and up to its
 queue bound of requests that join while it works through them) keeps its memory until
-the batch is served -- against an equal priority until that load's deadline, against a
-strictly higher one until the higher one's first request that can still meet its SLO
-would otherwise miss it (five service times, one load allowed: its load must begin
-within four service times of its arrival, less the batch's drain and stop).
+the batch is served -- against an equal priority with no deadline (two equals take
+turns by batches; a turn cut at the other's deadline costs both a reload and serves
+fewer in time, docs/benchmarks.md), against a strictly higher one until the higher
+one's first request that can still meet its SLO would otherwise miss it (five service
+times, one load allowed: its load must begin within four service times of its arrival,
+less the batch's drain and stop).
 
 ``holder_yield`` says why an instance holds its memory against a load now (None: it
 does not) and the latest moment it yields, so the same rule decides, explains a wait
@@ -144,10 +146,11 @@ def holder_yield(asker: Asker, victim: Resident, now: float) -> tuple[Block | No
     if not outranks(victim, asker.rule):
         if not victim.batch_pending:
             return None, None
-        ends = [asker.deadline(now)]
-        if asker.priority > victim.priority:
-            # The batch's requests in flight finish first (a drain), then it stops.
-            ends.append(asker.slo_by(now, victim.service_s))
+        if asker.priority <= victim.priority:
+            return Block.BATCH, None  # an equal priority's turn comes when it is served
+        # A strictly higher priority: the batch's requests in flight finish first (a
+        # drain), then it stops, in time for the higher load's first savable request.
+        ends = [asker.deadline(now), asker.slo_by(now, victim.service_s)]
         known = [t for t in ends if t is not None]
         return _until(min(known) if known else None, Block.BATCH, now)
     if math.isinf(victim.protect_s):

@@ -140,12 +140,14 @@ def test_busy_and_never_do_not_yield_to_a_lower_priority() -> None:
 # ----------------------------------------------------------------------------- no thrash
 
 
-def test_a_batch_holds_against_an_equal_priority_until_its_deadline() -> None:
+def test_a_batch_holds_against_an_equal_priority_until_it_is_served_even_past_a_deadline() -> None:
     batch = holder(residency=ON_DEMAND, priority=100, busy=True, batch=True)
-    by = deadline(10.0)
-    assert holder_yield(asker(10.0, priority=100), batch, 50.0) == (Block.BATCH, by)
-    assert holder_yield(asker(10.0, priority=100), batch, by) == (None, by)
+    equal = asker(10.0, priority=100)
+    assert holder_yield(equal, batch, 50.0) == (Block.BATCH, None)
+    assert holder_yield(equal, batch, deadline(10.0) + 1.0) == (Block.BATCH, None)
     assert holder_yield(asker(priority=100), batch, 1e6) == (Block.BATCH, None)
+    served = holder(residency=ON_DEMAND, priority=100, busy=False, batch=False)
+    assert holder_yield(equal, served, 50.0) == (None, None)
 
 
 def test_a_batch_holds_against_a_higher_priority_until_its_slo_would_be_missed() -> None:
