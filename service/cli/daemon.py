@@ -207,11 +207,29 @@ def configure_logging(level: str) -> None:
 
 
 class _Enqueue(logging.handlers.QueueHandler):
-    """Hands records to the writer thread as they are: formatting happens there, with
-    the record's own args (uvicorn's access formatter reads them)."""
+    """Hands records to the writer thread as they are, with the handlers of the logger
+    they reached: formatting happens there, with the record's own args (uvicorn's access
+    formatter reads them), and each logger's lines go to its own handlers only."""
+
+    def __init__(self, records: queue.SimpleQueue[Any], targets: tuple[logging.Handler, ...]):
+        super().__init__(records)
+        self.targets = targets
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put_nowait((self.targets, record))
+
+
+class _Writer(logging.handlers.QueueListener):
+    """The writer thread: each record to the handlers of the logger it came through."""
+
+    def handle(self, item: tuple[tuple[logging.Handler, ...], logging.LogRecord]) -> None:
+        targets, record = item
+        for handler in targets:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
 
 @contextlib.contextmanager
@@ -219,19 +237,19 @@ def logging_off_the_loop(*names: str) -> Iterator[None]:
     """Write these loggers' lines from a thread of their own: a write to a slow stderr
     (a pipe, a journal, a file on a busy disk) never holds up the event loop, where every
     decision is logged (1-2 ms a line on a loaded disk, on the path of a cold start).
-    Every line queued is written before this returns."""
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    One thread keeps the lines of all of them in order; every line queued is written
+    before this returns."""
+    records: queue.SimpleQueue[Any] = queue.SimpleQueue()
     loggers = [logging.getLogger(name) for name in names]
-    handlers = [handler for logger in loggers for handler in logger.handlers]
-    listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
     saved = [list(logger.handlers) for logger in loggers]
-    for logger in loggers:
-        logger.handlers[:] = [_Enqueue(records)]
-    listener.start()
+    for logger, before in zip(loggers, saved, strict=True):
+        logger.handlers[:] = [_Enqueue(records, tuple(before))]
+    writer = _Writer(records)
+    writer.start()
     try:
         yield
     finally:
-        listener.stop()
+        writer.stop()
         for logger, before in zip(loggers, saved, strict=True):
             logger.handlers[:] = before
 

@@ -275,6 +275,9 @@ def running_daemon(
             stop_daemon(daemon)
         else:
             daemon.client.close()
+    # Every line the daemon logs must be writable: a formatter that fails prints a
+    # traceback to the operator's terminal for each line (and loses the line).
+    assert "--- Logging error ---" not in daemon.output(), daemon.output()[-4000:]
 
 
 class InThreadServer:
