@@ -13,6 +13,7 @@ import logging
 import logging.handlers
 import queue
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -222,14 +223,24 @@ class _Enqueue(logging.handlers.QueueHandler):
         self.queue.put_nowait((self.targets, record))
 
 
-class _Writer(logging.handlers.QueueListener):
-    """The writer thread: each record to the handlers of the logger it came through."""
+class _Writer(threading.Thread):
+    """The writer thread: each record to the handlers of the logger it came through,
+    until ``stop`` (which returns once every record queued before it is written)."""
 
-    def handle(self, item: tuple[tuple[logging.Handler, ...], logging.LogRecord]) -> None:
-        targets, record = item
-        for handler in targets:
-            if record.levelno >= handler.level:
-                handler.handle(record)
+    def __init__(self, records: queue.SimpleQueue[Any]) -> None:
+        super().__init__(name="vramd-log-writer", daemon=True)
+        self.records = records
+
+    def run(self) -> None:
+        while (item := self.records.get()) is not None:
+            targets, record = item
+            for handler in targets:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+
+    def stop(self) -> None:
+        self.records.put(None)
+        self.join()
 
 
 @contextlib.contextmanager
