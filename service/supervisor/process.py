@@ -29,13 +29,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import IO, Any, Protocol, cast
 
 import psutil
 
 from service.clock import Clock, SystemClock
 from service.errors import VramdError
-from service.supervisor.logs import LineSplitter, LogRing
+from service.supervisor.logs import LineSplitter, LogRing, Stream
 
 
 def _pidfds_work() -> bool:
@@ -247,8 +247,7 @@ class PidfdChild(ChildProcess):
         self._pidfd: int | None = pidfd
         loop = asyncio.get_running_loop()
         self.exited: asyncio.Future[int] = loop.create_future()
-        self._pipes: list[asyncio.BaseTransport] = []
-        self._protocols: list[_PipeProtocol] = []
+        self._pipes: list[_PipeReader] = []
         loop.add_reader(pidfd, self._reap)
 
     @classmethod
@@ -257,11 +256,13 @@ class PidfdChild(ChildProcess):
     ) -> PidfdChild:
         child = cls(popen, os.pidfd_open(popen.pid), start_time)
         loop = asyncio.get_running_loop()
-        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            protocol = _PipeProtocol(LineSplitter(stream, log, clock.now), loop)  # type: ignore[arg-type]
-            transport, _ = await loop.connect_read_pipe(protocol.itself, pipe)
-            child._pipes.append(transport)
-            child._protocols.append(protocol)
+        pipes: tuple[tuple[Stream, IO[bytes] | None], ...] = (
+            ("stdout", popen.stdout),
+            ("stderr", popen.stderr),
+        )
+        for stream, pipe in pipes:
+            assert pipe is not None  # Popen was asked for both pipes
+            child._pipes.append(_PipeReader(pipe, LineSplitter(stream, log, clock.now), loop))
         return child
 
     def _reap(self) -> None:
@@ -292,11 +293,9 @@ class PidfdChild(ChildProcess):
         return await asyncio.shield(self.exited)
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        for protocol in self._protocols:
-            await _drain(protocol.finished, timeout_s)
-            protocol.flush()
-        for transport in self._pipes:
-            transport.close()
+        for reader in self._pipes:
+            await _drain(reader.finished, timeout_s)
+            reader.close()
         if self._pidfd is not None and self.exited.done():
             self._forget_pidfd()
 
@@ -309,30 +308,48 @@ async def _drain(finished: asyncio.Future[None], timeout_s: float) -> None:
             await asyncio.wait_for(asyncio.shield(finished), timeout_s)
 
 
-class _PipeProtocol(asyncio.Protocol):
-    """One of a ``PidfdChild``'s pipes: its bytes become log lines."""
+class _PipeReader:
+    """One of a ``PidfdChild``'s pipes, read on the loop: its bytes become log lines.
 
-    def __init__(self, splitter: LineSplitter, loop: asyncio.AbstractEventLoop) -> None:
-        self.finished: asyncio.Future[None] = loop.create_future()
+    It owns its descriptor and closes it exactly once. Not ``loop.connect_read_pipe``:
+    uvloop's pipe transport closes a file object's descriptor twice (libuv closes it,
+    then the transport closes the file object), and a file another thread opened in
+    between under the same number -- the sampler's /proc reads, the store's database --
+    is closed under it.
+    """
+
+    def __init__(self, pipe: IO[bytes], splitter: LineSplitter, loop: asyncio.AbstractEventLoop):
+        self._fd: int | None = os.dup(pipe.fileno())  # ours alone; the copy is closed now
+        pipe.close()
+        os.set_blocking(self._fd, False)
         self._splitter = splitter
+        self._loop = loop
+        self.finished: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(self._fd, self._readable)
 
-    def itself(self) -> _PipeProtocol:
-        return self
+    def _readable(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            data = os.read(self._fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._splitter.feed(data)
+        else:
+            self.close()  # end of file: every writer has exited
 
-    def data_received(self, data: bytes) -> None:
-        self._splitter.feed(data)
-
-    def eof_received(self) -> bool | None:
-        self._splitter.flush()
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
+    def close(self) -> None:
+        """Stop reading, close the descriptor and flush a last unterminated line."""
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
         self._splitter.flush()
         if not self.finished.done():
             self.finished.set_result(None)
-
-    def flush(self) -> None:
-        self._splitter.flush()
 
 
 class _ChildProtocol(asyncio.SubprocessProtocol):
