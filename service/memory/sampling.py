@@ -144,12 +144,25 @@ class Sampler:
         return self._last.reading
 
     async def run(self) -> None:
+        """Sample every interval for as long as the daemon runs. A reading that fails (a
+        driver call, a /proc file of a process exiting under it) is logged and the next
+        interval samples again: admission must not go on with memory figures that stopped
+        changing because one reading failed."""
+        failures = 0
         while True:
             await self._clock.sleep(self.interval_s)
             try:
                 await self.sample_once()
             except StoreError as exc:
                 log.error("samples not stored: %s", exc)
+            except Exception:
+                failures += 1
+                if failures == 1:  # once per streak: a broken driver fails every interval
+                    log.exception("memory sample failed; sampling again every %ss", self.interval_s)
+                continue
+            if failures:
+                log.warning("memory sampling recovered after %d failed samples", failures)
+                failures = 0
 
     def roots(self) -> dict[str, int]:
         """Every live instance's root pid by service: what a reading measures."""

@@ -262,6 +262,40 @@ async def test_the_sampler_samples_every_interval_on_its_clock(kit: Kit) -> None
     task.cancel()
 
 
+async def test_a_failed_reading_is_logged_and_the_sampler_samples_again(
+    kit: Kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reading that raises (here an OSError, as a /proc read under an exiting process
+    can) must not end sampling: admission would go on with memory figures frozen."""
+
+    def samples() -> int:
+        return sum(isinstance(e, MemorySampled) for e in kit.fed)
+
+    read = kit.probe.read
+    failures = iter([OSError(9, "Bad file descriptor")] * 2)
+
+    def flaky(instances: Mapping[str, int]) -> ProbeReading:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return read(instances)
+
+    kit.probe.read = flaky  # type: ignore[method-assign]
+    task = asyncio.create_task(sampler(kit, SchedulerFigures(), []).run())
+    for _ in range(3):
+        await kit.clock.advance(1.0)
+        await settle()
+    async with asyncio.timeout(5):
+        while samples() < 1:
+            await kit.clock.advance(1.0)
+            await asyncio.sleep(0.005)
+    assert not task.done()
+    task.cancel()
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("vramd")]
+    assert sum("memory sample failed" in m for m in messages) == 1  # once per streak
+    assert any("recovered after 2 failed samples" in m for m in messages)
+
+
 async def test_a_cap_streak_is_handed_to_on_finding(kit: Kit, tmp_path: Path) -> None:
     rt = await kit.ready("chat")
     doctor = kit.doctor(tmp_path)
