@@ -9,12 +9,15 @@ startup reaper (``reaper.py``) uses for whatever a crashed daemon left behind. A
 session also detaches the runtime from the daemon's terminal, so a Ctrl-C meant for
 ``vramd serve`` does not kill runtimes behind the supervisor's back.
 
-The launcher uses ``loop.subprocess_exec`` with a protocol of our own rather than the
-stream wrapper ``asyncio.create_subprocess_exec``: that wrapper's ``Process.wait()`` only
-returns once every pipe is closed, so a grandchild that inherited stdout would hide the
-runtime's exit (and a crash) for as long as it lives. Here the exit is seen when the
-leader exits, output arrives through callbacks (no reader tasks to leak, no 64 KiB
-``readline`` limit), and the transport can be closed explicitly.
+The launcher does not use the stream wrapper ``asyncio.create_subprocess_exec``: that
+wrapper's ``Process.wait()`` only returns once every pipe is closed, so a grandchild that
+inherited stdout would hide the runtime's exit (and a crash) for as long as it lives.
+Here the exit is seen when the leader exits, output arrives through callbacks (no reader
+tasks to leak, no 64 KiB ``readline`` limit), and the pipes are closed explicitly. Where
+the kernel has pidfds (Linux 5.3+) the runtime is started with ``subprocess.Popen``
+(vfork, not a fork of the whole daemon), its exit watched on a pidfd and its pipes read
+on the loop (``PidfdChild``); elsewhere ``loop.subprocess_exec`` with a protocol of our
+own does the same (``TransportChild``).
 
 Commands are argv lists and never go through a shell (docs/operations.md, "Security
 defaults").
