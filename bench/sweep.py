@@ -46,6 +46,8 @@ from service.policy import ProtectValue, load_policy, parse_protect
 
 BENCH_DATA = POLICY_DIR / "ten-services.bench.yaml"
 QUICK_EVERY = 5
+# A box's three rates, in order (bench.boxes.Box.rates).
+LOADS = ("quiet", "busy", "saturating")
 
 Task = tuple[Case, Point]
 R = TypeVar("R")
@@ -124,7 +126,8 @@ def run_point(
         policy_name=case.name,
         bench_name=case.box.bench,
     )
-    return {"case": case.name, "box": case.box.name, "mix": case.mix, **report}
+    load = LOADS[case.box.rates.index(point.rate)]
+    return {"case": case.name, "box": case.box.name, "mix": case.mix, "load": load, **report}
 
 
 def run_all(fn: Callable[..., R], jobs: Sequence[tuple[Any, ...]], workers: int) -> Iterator[R]:

@@ -20,6 +20,17 @@ TRACE_COLUMNS = (
     "missed",
 )
 SYSTEMS = ("vramd", "lru-count", "static", "unbounded")
+# Per load level (a box's quiet, busy or saturating rate): what ``by_load`` counts.
+LOAD_FIELDS = (
+    "traces",
+    "all_met",
+    "all_but_cold",
+    "all_but_cold_top_p99",
+    "vramd_loads",
+    "vramd_within_timeout",
+    "lru_count_loads",
+    "lru_count_within_timeout",
+)
 
 
 def line(report: Mapping[str, Any]) -> str:
@@ -56,6 +67,18 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                     }
                 )
     starved.sort(key=lambda s: (s["vramd"] - s["lru_count"], s["case"], s["trace"]))
+    by_load: dict[str, dict[str, int]] = {}
+    for r in reports:
+        row = by_load.setdefault(r.get("load", "-"), dict.fromkeys(LOAD_FIELDS, 0))
+        lost = set(missed(r))
+        row["traces"] += 1
+        row["all_met"] += not lost
+        row["all_but_cold"] += not lost - {"cold"}
+        row["all_but_cold_top_p99"] += not lost - {"cold", "top-p99"}
+        for system, key in (("vramd", "vramd"), ("lru-count", "lru_count")):
+            run = r["policies"][system]
+            row[f"{key}_loads"] += run["cold_starts"]
+            row[f"{key}_within_timeout"] += run["served_within_timeout"]
     all_met = sum(1 for r in reports if not missed(r))
     return {
         "traces": len(reports),
@@ -63,6 +86,7 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "all_met": all_met,
         "all_met_fraction": all_met / len(reports) if reports else None,
         "by_case": by_case,
+        "by_load": by_load,
         "starved": starved,
         "misses": [
             {"case": r["policy"], "trace": r["trace"], "missed": missed(r), "why": r["why_lost"]}
@@ -74,6 +98,10 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _per_100(loads: int, served: int) -> str:
+    return "-" if served == 0 else f"{100 * loads / served:.1f}"
 
 
 def _s(value: float | None) -> str:
@@ -144,6 +172,28 @@ def markdown(
             for name, case in summary["by_case"].items()
         ],
     )
+    if summary.get("by_load"):
+        out += ["", "By load (loads per 100 requests served within their timeout):", ""]
+        out += _table(
+            (
+                "load",
+                "traces",
+                "all met",
+                "all but cold",
+                "all but cold and top-p99",
+                "vramd",
+                "lru",
+            ),
+            [
+                [
+                    load,
+                    *(str(row[k]) for k in LOAD_FIELDS[:4]),
+                    _per_100(row["vramd_loads"], row["vramd_within_timeout"]),
+                    _per_100(row["lru_count_loads"], row["lru_count_within_timeout"]),
+                ]
+                for load, row in summary["by_load"].items()
+            ],
+        )
     if summary["starved"]:
         out += ["", "Services under `fair`'s bound, largest gap first (at most 20):", ""]
         out += _table(

@@ -219,7 +219,15 @@ def test_the_sweep_replays_generated_traces_and_writes_every_target(tmp_path: Pa
     assert summary["traces"] == len(reports)
     assert list(summary["met"]) == list(targets.NAMES)
     assert summary["by_case"]["24gib/home-box.yaml"]["traces"] == len(reports)
+    assert {r["load"] for r in reports} <= set(sweep.LOADS)
+    by_load = summary["by_load"]
+    assert sum(row["traces"] for row in by_load.values()) == len(reports)
+    for load, row in by_load.items():
+        mine = [r for r in reports if r["load"] == load]
+        assert row["vramd_loads"] == sum(r["policies"]["vramd"]["cold_starts"] for r in mine)
+        assert row["all_met"] <= row["all_but_cold"] <= row["all_but_cold_top_p99"]
     text = md.read_text()
+    assert "By load" in text
     assert "| 24gib/home-box.yaml | " in text and "## Summary" in text
     assert sweep.main(["--policies", "nope"]) == 2
 
