@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import logging.handlers
 import queue
 import socket
 import threading
@@ -207,20 +206,18 @@ def configure_logging(level: str) -> None:
     root.propagate = False
 
 
-class _Enqueue(logging.handlers.QueueHandler):
+class _Enqueue(logging.Handler):
     """Hands records to the writer thread as they are, with the handlers of the logger
     they reached: formatting happens there, with the record's own args (uvicorn's access
     formatter reads them), and each logger's lines go to its own handlers only."""
 
     def __init__(self, records: queue.SimpleQueue[Any], targets: tuple[logging.Handler, ...]):
-        super().__init__(records)
+        super().__init__()
+        self.records = records
         self.targets = targets
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        self.queue.put_nowait((self.targets, record))
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.put_nowait((self.targets, record))
 
 
 class _Writer(threading.Thread):
