@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from bench import sweep, targets
 from bench.boxes import BOXES, CASES, points, select
 from bench.sweep import POLICY_DIR, case_setup, parse_protect_overrides, setup_with
+from bench.sweep_tables import LOOSER_COLD, LOOSER_TOP, markdown, summarize
 from service.domain import Residency
 from service.policy import load_policy
 
@@ -154,6 +156,29 @@ def test_fair_ignores_services_under_one_percent_and_names_the_worst() -> None:
     assert fair.met  # coder 65/80 >= 0.9 x 70/80
     assert fair.text == "worst coder 81% vs 88% of 80"
     assert fair.value == pytest.approx(65 / 70)
+
+
+def test_the_sweep_summary_counts_all_six_again_under_looser_cold_and_top_p99_bounds() -> None:
+    # cold 8 against lru-count's 10 (0.8x) and priority 300's p99 25 s against unbounded's
+    # 10 s (2.5x): all six only once cold may reach 1x and top-p99 3x.
+    vramd = good()
+    vramd["cold_starts"] = 8
+    vramd["by_priority_unpinned"] = {"300": {"requests": 10, "latency_s": {"p99": 25.0}}}
+    data = report(vramd)
+    checked = targets.check(data)
+    data |= {"policy": "box/mix", "trace": "t", "load": "busy", "why_lost": []}
+    data["targets"] = [dataclasses.asdict(t) for t in checked]
+    assert [t.name for t in checked if not t.met] == ["top-p99", "cold"]
+    loose = {t.name: t for t in targets.check(data, cold_fraction=1.0, top_factor=3.0)}
+    assert loose["cold"].met and loose["cold"].bound == pytest.approx(10.0)
+    assert loose["top-p99"].met and loose["top-p99"].text == "priority 300: 25.0s vs 3.0x10.0s"
+    summary = summarize([data])
+    met_at = {(c["cold"], c["top_p99"]) for c in summary["looser"] if c["all_met"]}
+    assert met_at == {(1.0, 3.0)}
+    assert len(summary["looser"]) == len(LOOSER_COLD) * len(LOOSER_TOP)
+    text = markdown([data], summary, per_trace=False)
+    assert "| cold <= x lru-count | top-p99 <= 1.5x unbounded |" in text
+    assert "| 1.0x | 0 | 0 | 1 |" in text
 
 
 def test_why_lost_gives_the_figures_of_each_miss() -> None:
