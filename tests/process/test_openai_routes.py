@@ -160,7 +160,9 @@ class Setup:
 def setup() -> Iterator[Setup]:
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(running_demo("--chunk-delay-ms", "200"))
-        long = stack.enter_context(running_demo("--chunks", "50", "--chunk-delay-ms", "100"))
+        # A 60 s stream: the test that hangs up on it must find it still running however
+        # slowly a loaded machine lets the client read its first line.
+        long = stack.enter_context(running_demo("--chunks", "600", "--chunk-delay-ms", "100"))
         crash = stack.enter_context(running_demo("--crash-after", "1", "--chunk-delay-ms", "1"))
         hang = stack.enter_context(running_demo("--hang"))
         leases = StubLeases(
@@ -310,11 +312,11 @@ def test_a_client_hanging_up_mid_stream_is_seen_by_the_runtime(setup: Setup) -> 
     with http, http.stream("POST", "/v1/chat/completions", json=payload) as response:
         assert response.status_code == 200
         first = next(response.iter_lines())
-        assert first.startswith("data: ")
+        assert first.startswith("data: "), first
         assert _in_flight(setup.long) == 1
-        # Leaving the block closes the connection with most of the 5 s stream unsent.
+        # Leaving the block closes the connection with most of the 60 s stream unsent.
     assert setup.leases.wait_for_release("long").outcome == "client_gone"
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 10  # a chunk every 0.1 s: the next write fails
     while _in_flight(setup.long) != 0:
         assert time.monotonic() < deadline, "the runtime kept generating for nobody"
         time.sleep(0.05)
