@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
+.PHONY: run test test-fast test-real real-runtimes run-real bench-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -33,9 +33,10 @@ typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 # Four workers on any machine: most tests wait on processes, not on the CPU. Tests that
-# assert on wall-clock time (marker timing) run afterwards, alone.
+# assert on wall-clock time (marker timing) run afterwards, alone. Real runtimes (marker
+# real) are make test-real's, even where they are installed.
 pytest: $(VENV)/.installed-dev
-	$(BIN)/pytest -m "not timing" -n 4 --dist worksteal
+	$(BIN)/pytest -m "not timing and not real" -n 4 --dist worksteal
 	$(BIN)/pytest -m timing
 
 # The inner loop: tests/unit only (no process, no daemon).
@@ -50,24 +51,35 @@ $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/pip install --quiet -r requirements-real.txt
 	@touch $@
 
-# llama.cpp's own llama-server, built from the sources the llama-cpp-python sdist
-# vendors (the version requirements-real.txt pins), for tests/e2e/test_real_llama_server.py:
-# it answers the chat, Responses and Messages APIs natively (~4-7 min on 2 cores, once).
-LLAMA_SERVER := build/llama-server/bin/llama-server
-LLAMA_CPP_PYTHON = $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-real.txt)
+# Every real runtime (llama.cpp, whisper.cpp, stable-diffusion.cpp, vLLM's CPU build), built
+# or installed from the package registries with a generated model each, into
+# $(REAL_RUNTIMES), and runtimes.json there (docs/runtimes.md). Idempotent: a second run
+# does only what is missing (the first: about 25 minutes on 2 cores).
+REAL_RUNTIMES ?= $(or $(VRAMD_REAL_RUNTIMES),$(HOME)/.cache/vramd/real-runtimes)
+export VRAMD_REAL_RUNTIMES := $(abspath $(REAL_RUNTIMES))
+LLAMA_SERVER := $(VRAMD_REAL_RUNTIMES)/build/llama-server/bin/llama-server
 
-$(LLAMA_SERVER): requirements-real.txt | $(BIN)/python
-	rm -rf build/sdist build/llama-cpp-src
-	$(BIN)/pip download --quiet --no-deps --no-binary :all: -d build/sdist "llama-cpp-python==$(LLAMA_CPP_PYTHON)"
-	mkdir -p build/llama-cpp-src
-	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C build/llama-cpp-src --strip-components=1
-	cmake -S build/llama-cpp-src/vendor/llama.cpp -B build/llama-server -DCMAKE_BUILD_TYPE=Release \
-	  -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
-	cmake --build build/llama-server --target llama-server -j $$(nproc)
-	@touch $@
+real-runtimes: $(VENV)/.installed
+	$(BIN)/python -m service.real_runtimes install
 
-test-real: $(VENV)/.installed-real $(LLAMA_SERVER)
-	VRAMD_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) $(BIN)/pytest -m real
+$(LLAMA_SERVER): | $(VENV)/.installed
+	$(BIN)/python -m service.real_runtimes install
+
+# Every adapter against its real program through a running vramd serve
+# (tests/e2e/test_real_runtimes.py, and llama-cpp-python's own server); skipped, with the
+# reason, where runtimes.json is missing. Builds nothing but llama-cpp-python's wheel.
+test-real: $(VENV)/.installed-real
+	VRAMD_LLAMA_SERVER=$(LLAMA_SERVER) $(BIN)/pytest -m real
+
+# vramd on config/real.yaml: every kind at once, from runtimes.json, on a budget that
+# forces swaps (docs/runtimes.md has a session with the openai client).
+run-real: $(VENV)/.installed
+	$(BIN)/vramd serve --config config/real.yaml
+
+# Cold start through vramd against the runtime started by hand, per runtime, and a swap
+# between two kinds: medians of 5 runs (docs/benchmarks.md, "Real runtimes").
+bench-real: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.real --json bench/out/real.json --markdown bench/out/real.md
 
 BENCH_POLICY := bench/policies/ten-services
 BENCH_TRACES := a0.9-cv1 a0.9-cv4 a2.1-cv1 a2.1-cv4

@@ -23,7 +23,7 @@ SERVICE = ROOT / "service"
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("domain", "errors", "units", "clock"),
     1: ("policy", "settings", "store", "devices", "supervisor", "adapters", "ollama", "importers",
-        "simgpu", "demo_runtime"),
+        "simgpu", "demo_runtime", "real_runtimes"),
     2: ("scheduler",),
     3: ("live",),
     4: ("memory", "maintenance", "health", "swapstate"),

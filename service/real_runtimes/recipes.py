@@ -1,0 +1,8 @@
+"""Every program ``make real-runtimes`` installs, in the order it installs them."""
+
+from __future__ import annotations
+
+from service.real_runtimes.install import Recipe
+from service.real_runtimes.llamacpp_recipe import LLAMA_CPP
+
+RECIPES: tuple[Recipe, ...] = (LLAMA_CPP,)

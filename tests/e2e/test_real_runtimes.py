@@ -1,0 +1,339 @@
+"""Every real runtime in ``runtimes.json`` under a running ``vramd serve`` (docs/runtimes.md).
+
+Per kind (chat, embedding and rerank on llama.cpp, speech-to-text on whisper.cpp,
+diffusion on stable-diffusion.cpp, chat on vLLM's CPU build), one daemon runs the
+runtime's own command from ``runtimes.json`` beside a higher-priority stand-in that
+needs the whole budget, and a copy of the runtime set up to run out of memory. Through
+that daemon, with the official ``openai`` client: a cold load and a request, the
+footprint against the OS's own figure, an eviction by the higher priority and a reload,
+a SIGKILL under a request, the out-of-memory line classified by the runtime's adapter,
+and a SIGTERM that leaves no process behind.
+
+``make real-runtimes`` installs the runtimes; without its ``runtimes.json`` this module
+is skipped with that reason. The weights are random: answers are checked for shape only.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+from support.daemon import Daemon, demo_command, policy_yaml, running_daemon, stop_daemon
+
+from service.real_runtimes.catalog import (
+    SERVICE_KINDS,
+    CatalogError,
+    RuntimeEntry,
+    load_catalog,
+)
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
+
+try:
+    CATALOG = load_catalog()
+except CatalogError as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+MODEL = "real-model"
+BUDGET = "8GiB"
+# The stand-in needs the whole budget, so loading it evicts whatever is resident.
+HOG_ESTIMATE = "7900MiB"
+# PSS moves between the daemon's sample and ours (allocator pools, lazy pages).
+FOOTPRINT_TOLERANCE = 0.05
+
+
+# --- one request per kind, through vramd, with the official client ---------------------
+
+
+def _chat(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+    )
+    answer = raw.parse()
+    assert answer.choices[0].message.role == "assistant"
+    return raw
+
+
+def _embedding(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    raw = client.embeddings.with_raw_response.create(model=model, input=["hello", "world"])
+    answer = raw.parse()
+    assert len(answer.data) == 2 and len(answer.data[0].embedding) > 0
+    return raw
+
+
+def _rerank(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    # The openai client has no rerank call; its generic post goes through the same
+    # transport, headers and error handling.
+    documents = ["a cat sat", "stocks fell", "the cat slept"]
+    raw = client.with_raw_response.post(
+        "/rerank",
+        body={"model": model, "query": "cat", "documents": documents},
+        cast_to=httpx.Response,
+    )
+    results = raw.http_response.json()["results"]
+    assert sorted(result["index"] for result in results) == [0, 1, 2]
+    return raw
+
+
+def _speech_to_text(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    from service.real_runtimes.whisper_model import wav_bytes
+
+    raw = client.audio.transcriptions.with_raw_response.create(
+        model=model, file=("hello.wav", io.BytesIO(wav_bytes(seconds=1.0)), "audio/wav")
+    )
+    assert isinstance(raw.parse().text, str)
+    return raw
+
+
+def _diffusion(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    assert entry.image_size is not None
+    raw = client.images.with_raw_response.generate(
+        model=model, prompt="a red square", size=entry.image_size, n=1,  # type: ignore[arg-type]
+        response_format="b64_json",
+    )  # fmt: skip
+    image = raw.parse().data[0].b64_json
+    assert image is not None and base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n"
+    return raw
+
+
+def _text_to_speech(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> Any:
+    raw = client.audio.speech.with_raw_response.create(
+        model=model, voice="alloy", input="Hello there.", response_format="wav"
+    )
+    assert raw.http_response.content[:4] == b"RIFF"
+    return raw
+
+
+CALLS: dict[str, Callable[[openai.OpenAI, RuntimeEntry, str], Any]] = {
+    "chat": _chat,
+    "vllm": _chat,
+    "embedding": _embedding,
+    "rerank": _rerank,
+    "speech-to-text": _speech_to_text,
+    "diffusion": _diffusion,
+    "text-to-speech": _text_to_speech,
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the policy gives one kind: its estimate, its start-up time, and the command
+    of its copy that runs out of memory (docs/runtimes.md says how each is forced)."""
+
+    estimate: str
+    startup: str
+    oom: Callable[[RuntimeEntry], list[str]]
+
+
+def _address_space(limit: str) -> Callable[[RuntimeEntry], list[str]]:
+    """The runtime under ``prlimit --as``: its allocations fail as on a full device."""
+    return lambda entry: ["prlimit", f"--as={limit}", "--", *entry.command]
+
+
+SETUPS: dict[str, Setup] = {
+    "chat": Setup("400MiB", "120s", _address_space("64MiB")),
+    "embedding": Setup("400MiB", "120s", _address_space("64MiB")),
+    "rerank": Setup("400MiB", "120s", _address_space("64MiB")),
+    "speech-to-text": Setup("400MiB", "120s", _address_space("64MiB")),
+    "diffusion": Setup("1GiB", "120s", _address_space("64MiB")),
+    "vllm": Setup("3GiB", "300s", _address_space("64MiB")),
+    "text-to-speech": Setup("1GiB", "120s", _address_space("64MiB")),
+}
+
+
+def policy(kind: str, entry: RuntimeEntry) -> str:
+    setup = SETUPS[kind]
+    base = {
+        "kind": SERVICE_KINDS[kind].value,
+        "adapter": entry.adapter,
+        "env": entry.env,
+        "startup_timeout": setup.startup,
+        "stop_timeout": "20s",
+        "residency": "on-demand",
+        "protect": "never",
+        **({"metrics": entry.metrics} if entry.metrics else {}),
+    }
+    services = {
+        "rt": {
+            **base,
+            "models": [MODEL],
+            "command": list(entry.command),
+            "memory": {"estimate": setup.estimate},
+            "priority": 100,
+        },
+        "oom": {
+            **base,
+            "models": ["oom-model"],
+            "command": setup.oom(entry),
+            "memory": {"estimate": setup.estimate},
+            "priority": 50,
+            "restart": {"max_retries": 0},
+        },
+        "hog": {
+            "kind": "chat",
+            "models": ["hog"],
+            "command": demo_command("20MiB"),
+            "memory": {"estimate": HOG_ESTIMATE},
+            "residency": "on-demand",
+            "priority": 900,
+        },
+    }
+    return policy_yaml(services, budget=BUDGET, sample_interval="0.5s")
+
+
+@pytest.fixture(scope="module", params=sorted(CATALOG))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def daemon(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    workdir = tmp_path_factory.mktemp(f"real-{kind}")
+    with running_daemon(policy(kind, CATALOG[kind]), workdir) as running:
+        yield running
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{daemon.url}/v1", api_key="unused", timeout=600, max_retries=0
+    ) as client:
+        yield client
+
+
+def call(kind: str, client: openai.OpenAI, model: str = MODEL) -> Any:
+    return CALLS[kind](client, CATALOG[kind], model)
+
+
+def tree_pss(pid: int) -> int:
+    """What the OS says the process tree holds (proportional set size)."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+# --- the checks, in the order one daemon goes through them ------------------------------
+
+
+def test_a_cold_load_serves_the_openai_clients_request(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    assert daemon.service("rt")["state"] == "stopped"
+    raw = call(kind, client)
+    assert raw.headers["x-vramd-service"] == "rt"
+    assert raw.headers["x-vramd-cold-start"] == "1"
+    assert daemon.service("rt")["state"] == "ready"
+    warm = call(kind, client)
+    assert warm.headers["x-vramd-cold-start"] == "0"
+
+
+def test_the_footprint_is_the_os_figure_within_5_percent(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    call(kind, client)
+    pid = daemon.service("rt")["pid"]
+    assert pid is not None
+    seen: list[tuple[int, int]] = []
+
+    def agrees() -> bool:
+        measured = daemon.service("rt")["footprint_bytes"] or 0
+        actual = tree_pss(pid)
+        seen.append((measured, actual))
+        return abs(measured - actual) <= FOOTPRINT_TOLERANCE * actual
+
+    daemon.wait_for(agrees, timeout=30)
+    assert seen[-1][1] > 10 * 2**20, f"a real runtime holds more than 10 MiB: {seen[-1]}"
+
+
+def test_a_higher_priority_evicts_it_and_a_request_loads_it_again(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    call(kind, client)
+    before = daemon.service("rt")
+    assert before["state"] == "ready"
+    assert daemon.post("/api/services/hog/load", timeout=120).status_code in (200, 202)
+    daemon.wait_for(lambda: daemon.service("hog")["state"] == "ready", timeout=120)
+    after = daemon.service("rt")
+    assert after["state"] == "stopped"
+    assert after["evictions"] == before["evictions"] + 1
+    assert daemon.post("/api/services/hog/unload", timeout=60).status_code in (200, 202)
+    daemon.wait_for(lambda: daemon.service("hog")["state"] == "stopped", timeout=60)
+    raw = call(kind, client)
+    assert raw.headers["x-vramd-cold-start"] == "1"
+    assert daemon.service("rt")["loads"] == before["loads"] + 1
+
+
+def test_sigkill_under_a_request_fails_it_cleanly_and_the_runtime_comes_back(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    call(kind, client)
+    pid = daemon.service("rt")["pid"]
+    # Stopped, the runtime holds the request that reaches it: it is surely in flight.
+    os.kill(pid, signal.SIGSTOP)
+    failure: list[BaseException] = []
+
+    def doomed() -> None:
+        try:
+            call(kind, client)
+        except BaseException as exc:  # recorded for the assertion below
+            failure.append(exc)
+
+    thread = threading.Thread(target=doomed)
+    thread.start()
+    try:
+        daemon.wait_for(lambda: daemon.service("rt")["in_flight"] == 1, timeout=30)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert len(failure) == 1, "the request through a killed runtime must fail"
+    error = failure[0]
+    assert isinstance(error, openai.APIStatusError), repr(error)
+    assert error.status_code == 502
+    assert error.body is not None and "runtime_failed" in str(error.body)
+    call(kind, client)  # a new instance serves the next request
+    assert daemon.service("rt")["pid"] not in (None, pid)
+
+
+def test_the_forced_out_of_memory_is_classified_by_the_adapter(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    with pytest.raises(openai.APIStatusError):
+        call(kind, client, model="oom-model")
+    daemon.wait_for(lambda: _oom_incident(daemon) is not None, timeout=60)
+    incident = _oom_incident(daemon)
+    assert incident is not None and incident["oom_text"], incident
+
+
+def test_sigterm_stops_every_runtime_process(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    call(kind, client)
+    pid = daemon.service("rt")["pid"]
+    tree = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    assert stop_daemon(daemon) == 0
+    alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert alive == [], f"left behind: {alive}"
+
+
+def _oom_incident(daemon: Daemon) -> dict[str, Any] | None:
+    incidents = daemon.get("/api/incidents").json()["incidents"]
+    for incident in incidents:
+        if incident.get("service") == "oom" and incident.get("oom_text"):
+            return dict(incident)
+    return None
