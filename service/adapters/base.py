@@ -160,6 +160,9 @@ GGML_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\bfailed to allocate (?:memory|buffer) for (?:the )?(?:kv cache|model)\b", re.I),
     # stable-diffusion.cpp: "unet alloc runtime params backend buffer failed"
     re.compile(r"\balloc (?:\w+ )?params backend buffer failed\b"),
+    # The CPU backend (host memory, which vramd also hands out): ggml_aligned_malloc:
+    # insufficient memory (attempted to allocate 4096.00 MB)
+    re.compile(r"\bggml_aligned_malloc: insufficient memory\b"),
     # Vulkan and Metal backends
     re.compile(r"\bErrorOutOf(?:Device|Host)Memory\b"),
     re.compile(r"\bkIOGPUCommandBufferCallbackErrorOutOfMemory\b"),

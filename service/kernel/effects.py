@@ -447,7 +447,8 @@ class KernelEffects:
         self._sampler.record_exit(rt, reason)
         error = inst.last_error or reason
         if old is S.STARTING and new is not S.STOPPED:
-            self._doctor.load_failed(rt, error, retrying=new is S.BACKOFF)
+            output = inst.run_output()
+            self._doctor.load_failed(rt, error, output=output, retrying=new is S.BACKOFF)
         failure = inst.last_failure
         if new is S.BACKOFF:
             if failure is not None and failure.looping:

@@ -155,9 +155,15 @@ class Doctor:
             data={"incident": incident, "verdict": verdict, "text": text},
         )
 
-    def load_failed(self, rt: ServiceRuntime, error: str, *, retrying: bool) -> None:
-        """A start died. Out-of-memory gets one retry with everything evictable evicted."""
-        if find_oom(rt.adapter, error) is None:
+    def load_failed(
+        self, rt: ServiceRuntime, error: str, *, output: str = "", retrying: bool
+    ) -> None:
+        """A start died. Out-of-memory gets one retry with everything evictable evicted.
+
+        ``output`` is all the process printed: the out-of-memory line often comes well
+        before the last lines that ``error`` quotes."""
+        quoted = find_oom(rt.adapter, output) or find_oom(rt.adapter, error)
+        if quoted is None:
             return
         if rt.oom_incident is not None:
             self.verdict(rt, retry_succeeded=False)
@@ -166,8 +172,8 @@ class Doctor:
             rt,
             kind="load",
             verdict=None,
-            summary=f"load failed with out-of-memory: {error.splitlines()[-1]}",
-            oom_text=error,
+            summary=f"load failed with out-of-memory: {quoted}",
+            oom_text=quoted if quoted in error else f"{quoted}\n{error}",
         )
         if retrying:
             self._feed(MakeRoom(rt.name, "its load failed with out-of-memory"))

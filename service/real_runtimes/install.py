@@ -95,6 +95,7 @@ def _venv_done(path: Path, packages: tuple[str, ...]) -> bool:
 def _generate(layout: Layout, python: Path, module: str, out: Path, *extra: str) -> None:
     """Run a model writer (``python -m service.real_runtimes.MODULE``) with ``python``,
     writing to a temporary name first so a half-written model is never taken as done."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     run(
         [python, "-m", f"service.real_runtimes.{module}", "--out", partial, *extra],

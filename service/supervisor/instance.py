@@ -123,6 +123,18 @@ class Instance:
     def port(self) -> int | None:
         return self._run.spec.port if self._run is not None else None
 
+    def run_output(self) -> str:
+        """Every line the current (or last) process printed that the ring still holds.
+
+        A start that fails names its cause early and its consequences last (ggml's
+        allocation failure, then "failed to load model"): ``last_error`` quotes the tail.
+        """
+        if self._run is None:
+            return ""
+        return "\n".join(
+            line.text for line in self.log.tail(self.log.max_lines, since=self._run.log_mark)
+        )
+
     @property
     def last_error(self) -> str | None:
         return self._last_error

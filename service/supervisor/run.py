@@ -129,7 +129,7 @@ class ProcessRun:
         self._clock = clock
         self._http = http
         self._log = log
-        self._log_mark = log.mark()  # stderr before this belongs to earlier processes
+        self.log_mark = log.mark()  # lines before this belong to earlier processes
         self._on_ready = on_ready
         self._kill_timeout_s = kill_timeout_s
         self._stop = asyncio.Event()
@@ -202,7 +202,7 @@ class ProcessRun:
     def _heard(self, line: LogLine) -> None:
         """A log listener: lines of earlier processes (before the mark) do not count."""
         pattern = self.spec.ready_line
-        if line.seq >= self._log_mark and pattern is not None and pattern.search(line.text):
+        if line.seq >= self.log_mark and pattern is not None and pattern.search(line.text):
             self._line_heard.set()
 
     async def _poll_health(self) -> None:
@@ -252,7 +252,7 @@ class ProcessRun:
         if code is not None and (gone_before or (code == -signal.SIGKILL and not killed)):
             # It died on its own as the stop came (the OOM killer, a kill): the stop goes
             # on as asked, but the death is said, not passed off as a clean stop.
-            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self._log_mark)
+            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self.log_mark)
             error = f"{describe_exit(code, tail)} before the stop took effect"
         return RunResult(RunEnd.STOPPED, code, error)
 
@@ -271,7 +271,7 @@ class ProcessRun:
             error = self._health
         else:
             assert code is not None
-            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self._log_mark)
+            tail = self._log.stderr_tail(STDERR_LINES_IN_ERROR, since=self.log_mark)
             error = describe_exit(code, tail)
         if code is None:
             error += f"; pid {proc.pid} did not exit after SIGKILL"

@@ -427,6 +427,14 @@ def test_guess_adapter(argv: list[str], expected: str) -> None:
             "cudaMalloc failed: out of memory",
         ),
         (
+            # A real llama-server (make real-runtimes) out of host memory: its KV cache
+            # under prlimit --as. The first line is the CPU backend's own.
+            LLAMA_CPP,
+            "llamacpp_oom_host.log",
+            "0.00.644.406 E ggml_aligned_malloc: insufficient memory (attempted to allocate "
+            "4096.00 MB)",
+        ),
+        (
             WHISPER_CPP,
             "whispercpp_oom.log",
             "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 251.66 MiB on device 0: "

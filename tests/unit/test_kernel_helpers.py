@@ -341,6 +341,23 @@ async def test_an_out_of_memory_load_makes_room_and_leaves_an_incident(
     assert (incident.kind, incident.verdict) == ("load", "fragmentation")
 
 
+async def test_an_out_of_memory_line_before_the_quoted_tail_still_makes_an_incident(
+    kit: Kit, tmp_path: Path
+) -> None:
+    # llama-server out of host memory (tests/fixtures/adapters/llamacpp_oom_host.log): the
+    # allocation failure comes first, the last lines only say the model did not load.
+    rt = kit.runtimes["chat"]
+    output = (
+        "E ggml_aligned_malloc: insufficient memory (attempted to allocate 4096.00 MB)\n"
+        "E alloc_tensor_range: failed to allocate CPU buffer of size 4294967296\n"
+        "E srv  llama_server: exiting due to model loading error"
+    )
+    error = "exited with code 1: E srv  llama_server: exiting due to model loading error"
+    kit.doctor(tmp_path).load_failed(rt, error, output=output, retrying=True)
+    assert kit.fed == [MakeRoom("chat", "its load failed with out-of-memory")]
+    assert rt.oom_incident is not None
+
+
 async def test_a_load_failure_that_is_not_out_of_memory_asks_for_nothing(
     kit: Kit, tmp_path: Path
 ) -> None:
