@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from bench.processes import REPO_ROOT, Vramd, free_port, policy_text, running_vramd, spawn
+from bench.processes import Vramd, free_port, policy_text, running_vramd, spawn
 from bench.report import markdown_table, rich_table, write_outputs
 from bench.swap_state import (
     STATE_SHAPE,
@@ -62,8 +62,9 @@ from bench.swap_state import (
     summarize_state,
 )
 from bench.tiny_gguf import N_CTX, write_tiny_llama
+from service.real_runtimes.catalog import catalog_dir
 
-DEFAULT_BINARY = REPO_ROOT / "build/llama-server/bin/llama-server"
+DEFAULT_BINARY = catalog_dir() / "build/llama-server/bin/llama-server"  # make real-runtimes
 MODELS = ("tiny-a", "tiny-b")
 RUNTIME_ARGS = ("--ctx-size", str(N_CTX), "--parallel", "1", "--threads", "1")
 BODY: dict[str, Any] = {

@@ -93,7 +93,11 @@ def load_catalog(directory: Path | None = None) -> dict[str, RuntimeEntry]:
         try:
             entries[kind] = RuntimeEntry.model_validate(value)
         except ValidationError as exc:
-            raise CatalogError(f"{path}: {kind}: {exc}") from None
+            faults = "; ".join(
+                f"{kind}.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise CatalogError(f"{path}: {faults}") from None
     return entries
 
 

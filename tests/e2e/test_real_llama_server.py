@@ -11,7 +11,7 @@ The weights are random, so the assertions are about the shape of the answers, ne
 their text.
 
 ``make test-real`` builds ``llama-server`` from the llama.cpp sources vendored in the
-llama-cpp-python sdist (requirements-real.txt) into build/llama-server and runs this
+llama-cpp-python sdist into $VRAMD_REAL_RUNTIMES (make real-runtimes) and runs this
 module; ``VRAMD_LLAMA_SERVER`` names another binary. Without one it is skipped.
 """
 
@@ -26,16 +26,20 @@ import httpx
 import ollama
 import openai
 import pytest
-from support.daemon import REPO_ROOT, Daemon, policy_yaml, running_daemon
+from support.daemon import Daemon, policy_yaml, running_daemon
 from support.ports import free_port
+
+from service.real_runtimes.catalog import catalog_dir
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
 BINARY = Path(
-    os.environ.get("VRAMD_LLAMA_SERVER", REPO_ROOT / "build/llama-server/bin/llama-server")
+    os.environ.get("VRAMD_LLAMA_SERVER", catalog_dir() / "build/llama-server/bin/llama-server")
 )
 if not BINARY.is_file():
-    pytest.skip(f"no llama-server at {BINARY} (make test-real builds it)", allow_module_level=True)
+    pytest.skip(
+        f"no llama-server at {BINARY} (make real-runtimes builds it)", allow_module_level=True
+    )
 pytest.importorskip("gguf", reason="gguf is missing (make test-real installs it)")
 
 from support.gguf_model import TinyLlama, write_tiny_llama  # noqa: E402

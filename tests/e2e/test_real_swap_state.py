@@ -17,15 +17,19 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import REPO_ROOT, Daemon, policy_yaml, running_daemon
+from support.daemon import Daemon, policy_yaml, running_daemon
+
+from service.real_runtimes.catalog import catalog_dir
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(300)]
 
 BINARY = Path(
-    os.environ.get("VRAMD_LLAMA_SERVER", REPO_ROOT / "build/llama-server/bin/llama-server")
+    os.environ.get("VRAMD_LLAMA_SERVER", catalog_dir() / "build/llama-server/bin/llama-server")
 )
 if not BINARY.is_file():
-    pytest.skip(f"no llama-server at {BINARY} (make test-real builds it)", allow_module_level=True)
+    pytest.skip(
+        f"no llama-server at {BINARY} (make real-runtimes builds it)", allow_module_level=True
+    )
 pytest.importorskip("gguf", reason="gguf is missing (make test-real installs it)")
 
 from support.gguf_model import write_tiny_llama  # noqa: E402

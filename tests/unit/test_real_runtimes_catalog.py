@@ -1,0 +1,90 @@
+"""runtimes.json and the installer's steps (service.real_runtimes), without a runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.real_runtimes.catalog import (
+    REQUIRED_KINDS,
+    SERVICE_KINDS,
+    CatalogError,
+    RuntimeEntry,
+    load_catalog,
+    write_catalog,
+)
+from service.real_runtimes.steps import Step, StepFailed
+
+ENTRY = RuntimeEntry(
+    adapter="llama.cpp",
+    command=("/opt/llama-server", "--port", "${PORT}", "--alias", "${MODEL}"),
+    model="/models/chat.gguf",
+    version="llama.cpp b1",
+    routes=("/v1/chat/completions",),
+    metrics="/metrics",
+)
+
+
+def test_a_written_catalog_reads_back_the_same_entries(tmp_path: Path) -> None:
+    write_catalog(tmp_path, {"chat": ENTRY})
+    assert load_catalog(tmp_path) == {"chat": ENTRY}
+    raw = json.loads((tmp_path / "runtimes.json").read_text())
+    assert "image_size" not in raw["chat"]  # optional fields are left out, not null
+
+
+def test_a_missing_catalog_names_the_command_that_makes_it(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="make real-runtimes"):
+        load_catalog(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[]", "expected an object keyed by kind"),
+        ('{"speech": {}}', "unknown kind 'speech'"),
+        ('{"chat": {"adapter": "llama.cpp"}}', "chat.command: Field required"),
+        ("{not json", "runtimes.json"),
+    ],
+)
+def test_a_bad_catalog_is_an_error_naming_the_file_and_the_fault(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    (tmp_path / "runtimes.json").write_text(content)
+    with pytest.raises(CatalogError, match=message) as error:
+        load_catalog(tmp_path)
+    assert str(tmp_path / "runtimes.json") in str(error.value)
+
+
+def test_argv_fills_the_port_and_the_model_as_a_policy_would() -> None:
+    argv = ENTRY.argv(port=8123, model="tiny")
+    assert argv == ["/opt/llama-server", "--port", "8123", "--alias", "tiny"]
+
+
+def test_every_required_kind_has_a_service_kind() -> None:
+    assert set(REQUIRED_KINDS) <= set(SERVICE_KINDS)
+
+
+def test_a_step_whose_output_is_there_is_skipped(capsys: pytest.CaptureFixture[str]) -> None:
+    ran: list[str] = []
+    step = Step("thing", done=lambda: True, run=lambda: ran.append("ran"))
+    assert step.perform() == 0.0
+    assert ran == [] and "thing: already there" in capsys.readouterr().out
+
+
+def test_a_step_that_runs_without_making_its_output_fails(tmp_path: Path) -> None:
+    target = tmp_path / "binary"
+    step = Step("binary", done=target.exists, run=lambda: None)
+    with pytest.raises(StepFailed, match="not there"):
+        step.perform()
+
+
+def test_a_step_reports_how_long_it_took(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "model"
+    step = Step("model", done=target.exists, run=lambda: target.write_text("x"))
+    assert step.perform() >= 0.0
+    out = capsys.readouterr().out
+    assert "model: ..." in out and "model: done in " in out
