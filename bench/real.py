@@ -10,12 +10,14 @@ image at the catalog's ``image_size``):
 
 1. ``by hand``: spawn the runtime, poll its adapter's readiness route every 2 ms until
    the adapter says ready, send the request; from the spawn to the first byte.
-2. ``through vramd``: unload the service (``POST /api/services/rt/unload``), then send
+2. ``through vramd``: unload the service (``POST /api/services/KIND/unload``), then send
    the request to vramd; from the request to the first byte. vramd's added cold start
-   is the median of (2) less the median of (1).
-3. ``swap``: two kinds under a budget that holds one; requests alternate between them
-   through vramd, each a swap (stop one, start the other, first byte); by hand, the same
-   swap is a SIGTERM, a wait for the exit, then (1) for the other.
+   is the median of (2) less the median of (1). (1) and (2) alternate, so that a slow
+   spell of the box slows both.
+3. ``swap``: chat (llama.cpp) and speech-to-text (whisper.cpp) under a budget that holds
+   one; requests alternate between them through vramd, each a swap (stop one, start the
+   other, first byte), reported per direction; by hand, the same swap is a SIGTERM, a
+   wait for the exit, then (1) for the other.
 
 Every method gets one unmeasured run first (page cache, first connections). Not a test:
 the figures depend on the machine.
@@ -94,21 +96,31 @@ def by_hand(kind: str, entry: RuntimeEntry, log: Path) -> Iterator[tuple[str, fl
             proc.wait(60)
 
 
-def cold_by_hand(kind: str, entry: RuntimeEntry, runs: int, workdir: Path) -> list[float]:
-    """``runs`` cold starts by hand (after one unmeasured), first byte each."""
-    results = []
-    with httpx.Client(timeout=600, trust_env=False) as client:
+def cold_pairs(
+    kind: str, catalog: dict[str, RuntimeEntry], runs: int, workdir: Path
+) -> tuple[list[float], list[float]]:
+    """``runs`` cold starts by hand and through vramd, alternated (after one unmeasured
+    pair), so that whatever slows the box for a while slows both alike."""
+    entry = catalog[kind]
+    policy = policy_text({kind: service(kind, entry)}, budget="5GiB")
+    hand: list[float] = []
+    vramd_ms: list[float] = []
+    with running_vramd(policy, keep=workdir) as vramd, httpx.Client(timeout=600) as client:
         for i in range(runs + 1):
             with by_hand(kind, entry, workdir / f"{kind}-by-hand.log") as (url, t0):
-                took = first_byte(client, url, kind, entry, t0)
+                by_hand_ms = first_byte(client, url, kind, entry, t0)
+            httpx.post(f"{vramd.url}/api/services/{kind}/unload", timeout=60).raise_for_status()
+            route, _ = request(kind, entry, kind)
+            through = first_byte(client, vramd.url + route, kind, entry, time.perf_counter())
             if i > 0:
-                results.append(took)
-    return results
+                hand.append(by_hand_ms)
+                vramd_ms.append(through)
+    return hand, vramd_ms
 
 
 def swap_by_hand(
     kinds: Sequence[str], catalog: dict[str, RuntimeEntry], runs: int, workdir: Path
-) -> list[float]:
+) -> list[tuple[str, float]]:
     """The same swaps by hand: stop the resident one (SIGTERM, wait), start the other,
     first byte; timed from the stop."""
     results = []
@@ -122,7 +134,7 @@ def swap_by_hand(
             url, _ = stack.enter_context(by_hand(kind, catalog[kind], workdir / f"{kind}-swap.log"))
             took = first_byte(client, url, kind, catalog[kind], t0)
             if i > 1:
-                results.append(took)
+                results.append((kind, took))
     return results
 
 
@@ -141,24 +153,21 @@ def service(kind: str, entry: RuntimeEntry) -> dict[str, Any]:
     }
 
 
-def through_vramd(
+def swaps_through_vramd(
     kinds: Sequence[str], catalog: dict[str, RuntimeEntry], runs: int, workdir: Path
-) -> list[float]:
-    """Requests to vramd cycling through ``kinds``. One kind: each a cold start (the
-    service is unloaded first). Two, under a budget that holds one: each a swap."""
+) -> list[tuple[str, float]]:
+    """Requests to vramd alternating between two kinds under a budget that holds one:
+    each a swap to the kind named beside its time."""
     services = {kind: service(kind, catalog[kind]) for kind in kinds}
     policy = policy_text(services, budget="5GiB")  # one 3 GiB estimate fits, two do not
     results = []
     with running_vramd(policy, keep=workdir) as vramd, httpx.Client(timeout=600) as client:
         for i in range(runs + 1):
             kind = kinds[(i + 1) % len(kinds)]
-            if len(kinds) == 1:
-                unload = httpx.post(f"{vramd.url}/api/services/{kind}/unload", timeout=60)
-                unload.raise_for_status()
             route, _ = request(kind, catalog[kind], kind)
             took = first_byte(client, vramd.url + route, kind, catalog[kind], time.perf_counter())
             if i > 0:
-                results.append(took)
+                results.append((kind, took))
     return results
 
 
@@ -191,17 +200,22 @@ def measure(kinds: Sequence[str], runs: int, workdir: Path) -> dict[str, Any]:
     rows = []
     for kind in kinds:
         entry = catalog[kind]
-        print(f"{kind} ({entry.adapter} {entry.version}): by hand ...", flush=True)
-        hand = cold_by_hand(kind, entry, runs, workdir)
-        print(f"{kind}: through vramd ...", flush=True)
-        vramd = through_vramd([kind], catalog, runs, workdir / kind)
+        print(f"{kind} ({entry.adapter} {entry.version}): by hand and through vramd ...")
+        hand, vramd = cold_pairs(kind, catalog, runs, workdir / kind)
         rows.append(row(f"{kind} ({entry.adapter})", hand, vramd))
     swap = []
     if all(kind in catalog for kind in SWAP):
         print(f"swap {' <-> '.join(SWAP)} ...", flush=True)
-        hand = swap_by_hand(SWAP, catalog, runs, workdir)
-        vramd = through_vramd(SWAP, catalog, runs, workdir / "swap")
-        swap.append(row(" <-> ".join(SWAP), hand, vramd))
+        by_hand_swaps = swap_by_hand(SWAP, catalog, 2 * runs, workdir)
+        vramd_swaps = swaps_through_vramd(SWAP, catalog, 2 * runs, workdir / "swap")
+        for to, other in ((SWAP[0], SWAP[1]), (SWAP[1], SWAP[0])):
+            swap.append(
+                row(
+                    f"{other} -> {to}",
+                    [ms for kind, ms in by_hand_swaps if kind == to],
+                    [ms for kind, ms in vramd_swaps if kind == to],
+                )
+            )
     return {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "runs": runs,
