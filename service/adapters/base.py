@@ -163,6 +163,9 @@ GGML_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     # The CPU backend (host memory, which vramd also hands out): ggml_aligned_malloc:
     # insufficient memory (attempted to allocate 4096.00 MB)
     re.compile(r"\bggml_aligned_malloc: insufficient memory\b"),
+    # C++'s own allocation failure, caught and printed by llama.cpp (seen on a real
+    # llama-server out of host memory: "failed to initialize the context: std::bad_alloc")
+    re.compile(r"\bstd::bad_alloc\b"),
     # Vulkan and Metal backends
     re.compile(r"\bErrorOutOf(?:Device|Host)Memory\b"),
     re.compile(r"\bkIOGPUCommandBufferCallbackErrorOutOfMemory\b"),

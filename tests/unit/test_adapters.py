@@ -493,6 +493,11 @@ OOM_LINES: dict[str, tuple[list[str], list[str]]] = {
     # adapter: (lines that are out-of-memory, lines that are not)
     "llama.cpp": (
         [
+            # a real llama-server out of host memory under vramd (make test-real)
+            "0.00.127.041 E llama_init_from_model: failed to initialize the context: "
+            "std::bad_alloc",
+            "0.00.644.406 E ggml_aligned_malloc: insufficient memory (attempted to allocate "
+            "4096.00 MB)",
             "alloc_tensor_range: failed to allocate CUDA0 buffer of size 151851674624",
             "llama_model_load: error loading model: unable to allocate CUDA0 buffer",
             "ggml_gallocr_reserve_n: failed to allocate CUDA_Host buffer of size 2147483648",
