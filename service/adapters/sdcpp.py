@@ -4,8 +4,8 @@ Readiness: it loads every model (diffusion model, text encoders, VAE) before it 
 port and has no ``/health`` route, so the first answer from ``GET /v1/models`` (a fixed
 ``sd-cpp-local`` entry) means ready.
 
-Metrics: its ``/metrics`` (behind ``--metrics``) is JSON and demands
-``Accept: application/json``, not Prometheus text: leave the service's ``metrics:`` unset.
+Metrics: none that vramd reads (``/metrics`` is 404 in the build docs/runtimes.md
+verified; older builds served JSON there behind ``--metrics``): leave ``metrics:`` unset.
 
 Out of memory: the ggml backend lines plus sd.cpp's own
 ``<model> alloc params backend buffer failed`` and ``vae: failed to allocate the compute

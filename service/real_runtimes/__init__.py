@@ -6,9 +6,11 @@
     recipes.py            every program installed, in order
     llamacpp_recipe.py    llama-server: chat, embedding, rerank
     whispercpp_recipe.py  whisper-server: speech to text
+    sdcpp_recipe.py       sd-server: diffusion
     vllm_recipe.py        vLLM's CPU wheel: chat
     gguf_models.py        the tiny llama GGUF in its three roles
     whisper_model.py      a tiny whisper in ggml's .bin format, and a WAV to transcribe
+    sd_model.py           a tiny SD1-family model (SDXS-512-DS shape) with TAESD, in GGUF
     hf_model.py           a tiny Hugging Face llama for vLLM, tokenizer included
     launch.py             the command line: install | show | exec KIND
     __main__.py           python -m service.real_runtimes

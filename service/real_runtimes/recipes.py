@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from service.real_runtimes import vllm_recipe, whispercpp_recipe
+from service.real_runtimes import sdcpp_recipe, vllm_recipe, whispercpp_recipe
 from service.real_runtimes.install import Recipe
 from service.real_runtimes.llamacpp_recipe import LLAMA_CPP
 
-RECIPES: tuple[Recipe, ...] = (LLAMA_CPP, whispercpp_recipe.RECIPE, vllm_recipe.RECIPE)
+RECIPES: tuple[Recipe, ...] = (
+    LLAMA_CPP,
+    whispercpp_recipe.RECIPE,
+    sdcpp_recipe.RECIPE,
+    vllm_recipe.RECIPE,
+)

@@ -156,6 +156,8 @@ SETUPS: dict[str, Setup] = {
     "embedding": Setup("400MiB", "120s", LLAMA_OOM),
     "rerank": Setup("400MiB", "120s", LLAMA_OOM),
     "speech-to-text": Setup("400MiB", "120s", WHISPER_OOM),
+    # sd.cpp: its UNet's weights (486 MB) under a 600 MB address space.
+    "diffusion": Setup("1GiB", "120s", _under_limit(str(600 * 10**6))),
     "vllm": Setup("3GiB", "300s", VLLM_OOM),
 }
 
