@@ -23,6 +23,8 @@ Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
     --sleep-mode             vLLM's dev-mode sleep routes: POST /sleep?level=1 frees
                              --memory (the "weights" leave the device), POST /wake_up
                              takes it back, GET /is_sleeping says which
+    --sleep-keeps-memory     with --sleep-mode: /sleep answers success and frees
+                             nothing, as vLLM's CPU build does
     --latency-ms MS          added latency before each inference reply (default 0)
     --chunks N               words per reply, one per streamed chunk (default 5)
     --chunk-delay-ms MS      delay between streamed events (default 20), the framing
@@ -112,6 +114,7 @@ class Options:
     workers: int = 0
     worker_memory: int = 0
     sleep_mode: bool = False
+    sleep_keeps_memory: bool = False
     parallel: int = 1
     native_routes: bool = False
     gpu_memory: int = 0
@@ -171,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--worker-memory", type=_size, default=0)
     p.add_argument("--sleep-mode", action="store_true")
+    p.add_argument("--sleep-keeps-memory", action="store_true")
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--native-routes", action="store_true")
     p.add_argument("--gpu-memory", type=_size, default=0)

@@ -49,6 +49,9 @@ class Runtime:
 
     def sleep(self) -> None:
         """vLLM level-1 sleep, as far as memory goes: the --memory block is given back."""
+        if self.opts.sleep_keeps_memory:
+            self.sleeping = True
+            return
         with self._lock:
             block, self.memory = self.memory, None
             self.sleeping = True
@@ -59,6 +62,9 @@ class Runtime:
 
     def wake(self) -> str | None:
         """Memory back; CUDA's out-of-memory message when the device has no room now."""
+        if self.opts.sleep_keeps_memory:
+            self.sleeping = False
+            return None
         if self.gpu is not None and (error := self.gpu.reload()) is not None:
             return error
         block = touch_memory(self.opts.memory)

@@ -4,7 +4,13 @@ vLLM started with ``--enable-sleep-mode`` (and ``VLLM_SERVER_DEV_MODE=1``) can m
 weights to host memory and free the GPU (``POST /sleep?level=1``), then take them back
 in a fraction of a load's time (``POST /wake_up``). For a service with ``sleep: true``
 an eviction or idle unload first tries that; it falls back to a stop when the sleep
-call fails or host memory is too short to receive the weights.
+call fails, host memory is too short to receive the weights, or the sleep frees nothing.
+
+A sleep is trusted only once the footprint has dropped: vLLM's CPU build answers
+``/sleep`` with success and keeps every byte (docs/runtimes.md, vLLM). A sleep that frees
+nothing within the settle timeout is undone (``/wake_up``) and the runtime stopped
+instead; that service is not put to sleep again while its command and environment stay
+the same.
 
 To the scheduler a sleeping service is *stopped* (``InstanceAsleep``): its expected
 peak is no longer charged, and a request loads it again -- a ``Start(wake=True)``,
@@ -49,12 +55,16 @@ class SleepMode:
         self._probe = probe
         self._clock = clock
         self._settle_timeout_s = settle_timeout_s
+        # Services whose runtime answered a sleep without freeing memory, by launch.
+        self._frees_nothing: set[tuple[str, ...]] = set()
 
     async def try_sleep(self, rt: ServiceRuntime, reason: str) -> bool:
         """Put ``rt`` to sleep and wait for its device memory to drop; False: stop it."""
         if not rt.spec.sleep or rt.client is None:
             return False
         if rt.instance.state not in (S.READY, S.DRAINING):
+            return False
+        if _launch(rt) in self._frees_nothing:
             return False
         weights = rt.footprint
         available = psutil.virtual_memory().available
@@ -78,16 +88,33 @@ class SleepMode:
         if rt.instance.state not in (S.READY, S.DRAINING):
             return False  # it died meanwhile: the supervisor has it
         rt.instance.mark_sleeping(f"asleep instead of stopped: {reason}")
-        released = await self._released(rt, weights)
+        if not await self._released(rt, weights):
+            return await self._undo_sleep(rt, weights, time.monotonic() - started)
         self._events.record(
             "sleep",
-            f"{rt.name} is asleep ({reason}); device memory "
-            f"{'released' if released else 'not yet released'} after "
+            f"{rt.name} is asleep ({reason}); device memory released after "
             f"{time.monotonic() - started:.1f}s",
             service=rt.name,
-            data={"weights_bytes": weights, "released": released},
+            data={"weights_bytes": weights, "released": True},
         )
         return True
+
+    async def _undo_sleep(self, rt: ServiceRuntime, weights: int, waited_s: float) -> bool:
+        """The runtime said it sleeps but kept its memory: wake it and have it stopped."""
+        self._frees_nothing.add(_launch(rt))
+        self._events.record(
+            "sleep-failed",
+            f"{rt.name}: the runtime said it was asleep but its memory did not drop below "
+            f"{RELEASED_SHARE:.0%} of {format_size(weights)} in {waited_s:.1f}s; stopping "
+            "it instead, and stopping rather than sleeping it from now on",
+            service=rt.name,
+            data={"weights_bytes": weights, "released": False},
+        )
+        if rt.client is not None:
+            await vllm.wake_up(rt.client)
+        if rt.instance.state is S.SLEEPING:
+            rt.instance.mark_awake("its sleep freed no memory")
+        return False
 
     async def _released(self, rt: ServiceRuntime, before: int) -> bool:
         pid = rt.instance.pid
@@ -128,3 +155,9 @@ class SleepMode:
         if rt.instance.state is S.SLEEPING:
             await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
             await rt.close_client()
+
+
+def _launch(rt: ServiceRuntime) -> tuple[str, ...]:
+    """What identifies a runtime's behaviour: its service, command and environment."""
+    env = (f"{key}={value}" for key, value in sorted(rt.spec.env.items()))
+    return (rt.name, *rt.spec.command, "\0", *env)

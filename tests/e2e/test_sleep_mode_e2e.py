@@ -67,6 +67,26 @@ def test_eviction_sleeps_and_a_request_wakes(tmp_path: Path) -> None:
         assert daemon.service("b")["pid"] is None
 
 
+def test_a_sleep_that_frees_nothing_is_undone_and_the_runtime_stopped(tmp_path: Path) -> None:
+    # vLLM's CPU build answers /sleep with success and keeps every byte.
+    policy = policy_yaml(
+        {"a": sleeper("m-a", "--sleep-keeps-memory"), "b": sleeper("m-b")},
+        budget="250MiB",
+        sample_interval="0.1s",
+    )
+    settle = {"VRAMD_SETTLE_TIMEOUT": "2"}
+    with running_daemon(policy, tmp_path, in_thread=True, env=settle) as daemon:
+        for _ in range(2):  # the second eviction of "a" stops it without trying a sleep
+            assert ask(daemon, "m-a").status_code == 200
+            assert ask(daemon, "m-b").status_code == 200  # "a" must make room
+            assert daemon.service("a")["state"] == "stopped"
+            assert daemon.service("a")["pid"] is None
+        failed = [e for e in daemon.events(kind="sleep-failed") if e["service"] == "a"]
+        assert len(failed) == 1
+        assert "did not drop" in failed[0]["message"]
+        assert not [e for e in daemon.events(kind="sleep") if e["service"] == "a"]
+
+
 def test_sleep_needs_a_runtime_with_a_sleep_mode() -> None:
     text = """\
 version: 1
