@@ -180,6 +180,9 @@ TORCH_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\b(?:CUDA|HIP) out of memory\b"),
     re.compile(r"\b(?:CUDA|HIP) error: out of memory"),
     re.compile(r"\bCUBLAS_STATUS_ALLOC_FAILED\b"),
+    # torch's host allocator: "DefaultCPUAllocator: can't allocate memory: you tried to
+    # allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"
+    re.compile(r"\bDefaultCPUAllocator: can't allocate memory\b"),
 )
 
 # Python's own allocation failure: host memory, which vramd also hands out.

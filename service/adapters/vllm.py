@@ -12,19 +12,24 @@ cache, so usage is their mean; requests are summed. There is no token gauge, but
 ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels, and
 usage * blocks * block size approximates the tokens held (rounded up to whole blocks).
 
-Out of memory: the PyTorch errors at request time, and three refusals at start that all
-mean "the memory this configuration needs is not there": "No available memory for the
-cache blocks", "Free memory on device (…) on startup is less than desired GPU memory
-utilization", and the KV cache being too small for ``max_model_len``.
+Out of memory: the PyTorch errors at request time (torch's host allocator on the CPU
+build), and the refusals at start that all mean "the memory this configuration needs is
+not there": "No available memory for the cache blocks", "Free memory on device (…) on
+startup is less than desired GPU memory utilization", the KV cache being too small for
+``max_model_len``, and the CPU build's KV space beyond its NUMA node.
 
 Sleep mode: with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` the server can
 offload its weights to host memory and drop its KV cache (level 1) or drop both (level 2)
 without exiting, then wake in a fraction of a load's time. Without dev mode the routes
 do not exist (404); the helpers below then return ``False`` and the caller stops the
-instance instead.
+instance instead. The CPU build refuses ``--enable-sleep-mode`` at start, and with dev mode
+alone answers ``/sleep`` with success while freeing nothing; the caller checks the
+footprint and stops such a runtime rather than trust the answer.
 
-Shutdown: uvicorn exits 0 on SIGTERM; during start-up vLLM turns SIGTERM into a
-KeyboardInterrupt, which can end in -2/130 as well.
+Shutdown: once serving, SIGTERM makes uvicorn exit 0 within a second and the engine
+process is killed after it. During start-up the signal can be lost: 0.32's CPU build
+went on loading and served, never exiting, so a stop while loading ends in the process
+group's SIGKILL after ``stop_timeout``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ VLLM_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
     # V0 wording of the same refusal
     re.compile(r"larger than the maximum number of tokens that can be stored in KV cache"),
+    # the CPU build: VLLM_CPU_KVCACHE_SPACE (or --kv-cache-memory-bytes) beyond the node
+    re.compile(r"on kv cache allocation is less than requested memory for kv\b"),
 )
 
 # Newest name first: the first one a scrape contains is used.

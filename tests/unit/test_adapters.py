@@ -466,6 +466,10 @@ def test_find_oom_in_recorded_logs(adapter: Adapter, log: str, first_oom_line: s
         ("vllm_oom_request.log", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"),
         ("vllm_oom_startup.log", "ValueError: Free memory on device (14.61/23.53 GiB)"),
         ("vllm_oom_cache_blocks.log", "No available memory for the cache blocks"),
+        # vLLM 0.32's CPU build: the KV cache that the host cannot give, and the one that
+        # is larger than the NUMA node (VLLM_CPU_KVCACHE_SPACE=40 on 24 GiB)
+        ("vllm_cpu_oom_host.log", "DefaultCPUAllocator: can't allocate memory"),
+        ("vllm_cpu_oom_kv_space.log", "less than requested memory for kv (40.0 GiB)"),
     ],
 )
 def test_find_oom_in_vllm_logs(log: str, needle: str) -> None:
