@@ -3,6 +3,9 @@ serving a generated model (``whisper_model``) for speech to text."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from service.real_runtimes.catalog import RuntimeEntry
 from service.real_runtimes.install import LOCAL, PYWHISPERCPP, Installer, Layout, Recipe
 from service.real_runtimes.steps import Step
@@ -31,16 +34,30 @@ def _entries(layout: Layout) -> dict[str, RuntimeEntry]:
     command = (
         str(layout.binary("whisper-server")),
         *("--model", model, "--host", LOCAL, "--port", "${PORT}", "--threads", "2"),
+        # Random weights never reach the confidence thresholds, so the temperature fallback
+        # decodes each segment up to six times: the first request took 5-20 s without this.
+        "--no-fallback",
     )
+    vendored = whisper_version(layout.src("pywhispercpp", PYWHISPERCPP) / "whisper.cpp")
     return {
         "speech-to-text": RuntimeEntry(
             adapter="whisper.cpp",
             command=command,
             model=model,
-            version=f"whisper.cpp (pywhispercpp {PYWHISPERCPP})",
+            version=f"whisper.cpp {vendored} (pywhispercpp {PYWHISPERCPP})",
             routes=("/v1/audio/transcriptions",),
         )
     }
+
+
+def whisper_version(sources: Path) -> str:
+    """The version the vendored CMakeLists.txt declares (whisper-server has no --version)."""
+    try:
+        text = (sources / "CMakeLists.txt").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r'project\(\s*"?whisper\.cpp"?\s+VERSION\s+([\w.]+)', text)
+    return found.group(1) if found else "unknown"
 
 
 RECIPE = Recipe("whisper.cpp", _steps, _entries)

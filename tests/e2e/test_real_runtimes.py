@@ -336,6 +336,27 @@ def test_the_forced_out_of_memory_is_classified_by_the_adapter(
     assert quoted in incident["data"]["oom_text"]
 
 
+def test_an_unload_while_it_loads_leaves_no_process(
+    kind: str, daemon: Daemon, client: openai.OpenAI
+) -> None:
+    if kind != "vllm":
+        pytest.skip(f"{kind} loads in about a second: too short to stop it while loading")
+    daemon.post("/api/services/rt/unload", timeout=60)
+    daemon.wait_for(lambda: daemon.service("rt")["state"] == "stopped", timeout=60)
+    loading = threading.Thread(target=lambda: daemon.post("/api/services/rt/load", timeout=300))
+    loading.start()
+    daemon.wait_for(lambda: daemon.service("rt")["pid"] is not None, timeout=60)
+    pid = daemon.service("rt")["pid"]
+    daemon.wait_for(lambda: psutil.Process(pid).children(recursive=True) != [], timeout=120)
+    assert daemon.service("rt")["state"] == "starting"
+    tree = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    # vLLM can lose a SIGTERM while loading: only the group's SIGKILL ends it.
+    assert daemon.post("/api/services/rt/unload", timeout=120).status_code in (200, 202)
+    daemon.wait_for(lambda: daemon.service("rt")["state"] == "stopped", timeout=120)
+    loading.join(120)
+    daemon.wait_for(lambda: _alive(tree) == [], timeout=30)
+
+
 def test_sigterm_stops_every_runtime_process(
     kind: str, daemon: Daemon, client: openai.OpenAI
 ) -> None:
@@ -343,8 +364,18 @@ def test_sigterm_stops_every_runtime_process(
     pid = daemon.service("rt")["pid"]
     tree = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
     assert stop_daemon(daemon) in (0, -signal.SIGTERM)
-    alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert alive == [], f"left behind: {alive}"
+    assert _alive(tree) == [], f"left behind: {_alive(tree)}"
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 def _oom_incident(daemon: Daemon) -> dict[str, Any] | None:

@@ -88,3 +88,13 @@ def test_a_step_reports_how_long_it_took(
     assert step.perform() >= 0.0
     out = capsys.readouterr().out
     assert "model: ..." in out and "model: done in " in out
+
+
+def test_whisper_cpp_version_is_read_from_the_vendored_cmake_project(tmp_path: Path) -> None:
+    from service.real_runtimes.whispercpp_recipe import whisper_version
+
+    (tmp_path / "CMakeLists.txt").write_text(
+        'cmake_minimum_required(VERSION 3.5)\nproject("whisper.cpp" VERSION 1.8.5)\n'
+    )
+    assert whisper_version(tmp_path) == "1.8.5"
+    assert whisper_version(tmp_path / "absent") == "unknown"
