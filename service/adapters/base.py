@@ -88,6 +88,13 @@ class Adapter(Protocol):
         the line alone means ready (no health request to confirm it)."""
         ...
 
+    @property
+    def exit_grace_s(self) -> float | None:
+        """The longest a clean exit after SIGTERM takes it, where that is known and
+        short: a stop kills the runtime after this (or after ``stop_timeout``, if
+        shorter), for it is hung. ``None``: ``stop_timeout`` alone."""
+        ...
+
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         """Prometheus text from the service's ``metrics:`` path → the figures vramd records."""
         ...
@@ -115,6 +122,7 @@ class BaseAdapter:
     slots_path: str | None = None
     ready_line: re.Pattern[str] | None = None
     ready_line_final: bool = False
+    exit_grace_s: float | None = None
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300

@@ -29,8 +29,10 @@ slot reports its context (``n_ctx``) and, while it works, the tokens it holds
 held by busy slots is the runtime's KV use as vLLM counts it: an idle slot's cached
 prompt can be dropped at once, so it is not load.
 
-Shutdown: SIGTERM runs the server's handler, which finishes and returns 0; a second
-signal makes it exit(1) at once, which we only send as SIGKILL anyway.
+Shutdown: SIGTERM runs the server's handler, which finishes and returns 0 within
+milliseconds; a second signal makes it exit(1) at once, which we only send as SIGKILL
+anyway. A SIGTERM that lands while it decodes can deadlock the handler on the queue's
+lock, so a stop waits 3 s at most (``exit_grace_s``) before the SIGKILL.
 """
 
 from __future__ import annotations
@@ -127,4 +129,7 @@ LLAMA_CPP = LlamaCppAdapter(
     slots_path="/slots",
     ready_line=LLAMA_READY_LINE,
     ready_line_final=True,
+    # It exits within milliseconds of SIGTERM, or never: a SIGTERM that lands while it
+    # decodes can deadlock its signal handler on the queue's lock (docs/runtimes.md).
+    exit_grace_s=3.0,
 )

@@ -287,7 +287,7 @@ class KernelEffects:
         # what is has run out of stop_timeout and is cut either way).
         await rt.close_client()
         signalled = now()
-        await rt.instance.stop(action.reason, timeout_s=rt.spec.stop_timeout)
+        await rt.instance.stop(action.reason, timeout_s=rt.exit_grace_s)
         exited = now()
         await self.settle(rt, pids, comeback)
         steps["stop_ms"] = ms(signalled, exited)
@@ -301,7 +301,7 @@ class KernelEffects:
         async def one(rt: ServiceRuntime) -> None:
             if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
                 await self._keeper.save(rt, reason)
-            await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
+            await rt.instance.stop(reason, timeout_s=rt.exit_grace_s)
 
         await asyncio.gather(*(one(rt) for rt in self._runtimes.values()), return_exceptions=True)
 

@@ -153,7 +153,7 @@ class SleepMode:
     async def stop_sleeper(self, rt: ServiceRuntime, reason: str) -> None:
         """Stop a sleeping runtime for good (the scheduler already counts it stopped)."""
         if rt.instance.state is S.SLEEPING:
-            await rt.instance.stop(reason, timeout_s=rt.spec.stop_timeout)
+            await rt.instance.stop(reason, timeout_s=rt.exit_grace_s)
             await rt.close_client()
 
 

@@ -282,6 +282,13 @@ class ServiceRuntime:
     def adapter(self) -> Adapter:
         return adapter_for(self.spec)
 
+    @property
+    def exit_grace_s(self) -> float:
+        """How long a stop waits after SIGTERM before it kills: the service's
+        ``stop_timeout``, or less where its runtime is known to exit faster or hang."""
+        grace = self.adapter.exit_grace_s
+        return self.spec.stop_timeout if grace is None else min(grace, self.spec.stop_timeout)
+
     def open_client(self, port: int) -> None:
         """A keep-alive pool for the instance that just became ready (kept over a sleep)."""
         if self.client is not None and self.base_url == f"http://127.0.0.1:{port}":

@@ -28,6 +28,7 @@ import re
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -244,6 +245,10 @@ class ProcessRun:
         proc.send_signal_group(signal.SIGTERM)
         killed = False
         if not await self._wait_exit(proc, self._stop_timeout_s):
+            logger.warning(
+                "pid %d (%s) still running %.1fs after SIGTERM: killing its process group",
+                proc.pid, Path(self.spec.argv[0]).name, self._stop_timeout_s,
+            )  # fmt: skip
             proc.send_signal_group(signal.SIGKILL)
             killed = True
             await self._wait_exit(proc, self._kill_timeout_s)

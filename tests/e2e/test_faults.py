@@ -194,6 +194,23 @@ def test_a_runtime_ignoring_sigterm_is_killed_after_its_stop_timeout(workdir: Pa
         assert not [pid for pid in group if alive(pid)]
 
 
+def test_a_llama_server_hung_after_sigterm_is_killed_before_a_long_stop_timeout(
+    workdir: Path,
+) -> None:
+    # llama-server exits within milliseconds of SIGTERM or deadlocks (docs/runtimes.md):
+    # its adapter's exit grace, not the service's 60 s, decides when to kill.
+    spec = demo_service(
+        workdir, ["m-hung"], "--ignore-sigterm", adapter="llama.cpp", stop_timeout="60s"
+    )
+    with running_daemon(policy_yaml({"hung": spec}), workdir) as daemon:
+        assert daemon.post("/api/services/hung/load", timeout=30).json()["state"] == "ready"
+        group = daemon.runtime_pids()
+        unloaded = daemon.post("/api/services/hung/unload", timeout=30)
+        assert unloaded.status_code == 200 and unloaded.json()["state"] == "stopped"
+        assert not [pid for pid in group if alive(pid)]
+        assert "still running 3.0s after SIGTERM: killing its process group" in daemon.output()
+
+
 @pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_a_hung_runtime_frees_its_slots_after_504_and_others_keep_serving(
     workdir: Path,
