@@ -31,6 +31,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,8 @@ from service.adapters import adapter_named
 from service.real_runtimes.catalog import SERVICE_KINDS, RuntimeEntry, load_catalog
 
 HEALTH_POLL_S = 0.002
+# A runtime started by hand gets this long after SIGTERM before it is killed.
+STOP_GRACE_S = 20.0
 SWAP = ("chat", "speech-to-text")
 COLUMNS = ("runtime", "by hand ms", "through vramd ms", "vramd adds ms", "runs")
 
@@ -93,7 +96,13 @@ def by_hand(kind: str, entry: RuntimeEntry, log: Path) -> Iterator[tuple[str, fl
                 time.sleep(HEALTH_POLL_S)
             yield base + runtime_path(kind, entry), t0
             os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(60)
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                # llama-server can deadlock at SIGTERM (docs/runtimes.md); vramd kills too.
+                print(f"  {kind} by hand: still running {STOP_GRACE_S:.0f} s after SIGTERM; killed")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(60)
 
 
 def cold_pairs(
