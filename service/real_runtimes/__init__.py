@@ -12,6 +12,7 @@
     whisper_model.py      a tiny whisper in ggml's .bin format, and a WAV to transcribe
     sd_model.py           a tiny SD1-family model (SDXS-512-DS shape) with TAESD, in GGUF
     hf_model.py           a tiny Hugging Face llama for vLLM, tokenizer included
+    writer_cli.py         the model writers' shared command line (--out, --seed)
     launch.py             the command line: install | show | exec KIND
     __main__.py           python -m service.real_runtimes
 

@@ -15,7 +15,10 @@ Needs ``gguf`` and ``numpy`` (the installer's tools environment has both).
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+from service.real_runtimes.writer_cli import run_writer
 
 N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX = 2, 64, 4, 128, 256
 VOCAB = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256))]
@@ -110,17 +113,16 @@ ROLES: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    def write(args: argparse.Namespace) -> None:
+        pooling, templates = ROLES[args.kind]
+        write_tiny_llama(args.out, seed=args.seed, pooling=pooling, templates=templates)
 
-    parser = argparse.ArgumentParser(prog="python -m service.real_runtimes.gguf_models")
-    parser.add_argument("--kind", choices=sorted(ROLES), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    pooling, templates = ROLES[args.kind]
-    write_tiny_llama(args.out, seed=args.seed, pooling=pooling, templates=templates)
-    print(f"{args.out}: {args.out.stat().st_size} bytes ({args.kind})")
-    return 0
+    return run_writer(
+        "service.real_runtimes.gguf_models",
+        write,
+        argv,
+        options=lambda parser: parser.add_argument("--kind", choices=sorted(ROLES), required=True),
+    )
 
 
 if __name__ == "__main__":

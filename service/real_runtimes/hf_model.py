@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from service.real_runtimes.writer_cli import run_writer
+
 # head_dim 64: the smallest vLLM's CPU attention kernels take (16 is refused).
 HIDDEN, LAYERS, HEADS, FFN, CONTEXT = 128, 2, 2, 256, 512
 CHAT_TEMPLATE = (
@@ -73,16 +75,11 @@ def write_tiny_hf_llama(out_dir: Path, *, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m service.real_runtimes.hf_model")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    write_tiny_hf_llama(args.out, seed=args.seed)
-    size = sum(path.stat().st_size for path in args.out.iterdir())
-    print(f"{args.out}: {size} bytes")
-    return 0
+    return run_writer(
+        "service.real_runtimes.hf_model",
+        lambda args: write_tiny_hf_llama(args.out, seed=args.seed),
+        argv,
+    )
 
 
 if __name__ == "__main__":

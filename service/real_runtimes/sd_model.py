@@ -13,10 +13,10 @@ weights are q8_0 (random bytes, one scale per block), convolutions f16, norms f3
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from service.real_runtimes.writer_cli import run_writer
 
 MODEL_FILE = "model.gguf"
 TAESD_FILE = "taesd.gguf"
@@ -199,11 +199,6 @@ def _write(path: Path, tensors: list[Tensor], rng: Any) -> None:
     writer.close()
 
 
-def _iter_files(out: Path) -> Iterator[Path]:
-    yield out / MODEL_FILE
-    yield out / TAESD_FILE
-
-
 def write_tiny_sd(out: Path, *, seed: int = 0) -> Path:
     """Write ``model.gguf`` (tiny UNet + CLIP-L) and ``taesd.gguf`` into the directory
     ``out``; return ``out``."""
@@ -217,14 +212,9 @@ def write_tiny_sd(out: Path, *, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.real_runtimes.sd_model")
-    parser.add_argument("--out", type=Path, required=True, help="directory to write")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = write_tiny_sd(args.out, seed=args.seed)
-    for path in _iter_files(out):
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
-    return 0
+    return run_writer(
+        "service.real_runtimes.sd_model", lambda args: write_tiny_sd(args.out, seed=args.seed), argv
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import struct
 import wave
 from pathlib import Path
 
+from service.real_runtimes.writer_cli import run_writer
+
 GGML_MAGIC = 0x67676D6C
 N_VOCAB = 51864  # English-only whisper: no language tokens
 N_AUDIO_CTX = 1500  # 30 s of 10 ms mel frames, halved by the second convolution
@@ -124,15 +126,11 @@ def wav_bytes(seconds: float = 1.0, *, rate: int = 16000) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m service.real_runtimes.whisper_model")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    write_tiny_whisper(args.out, seed=args.seed)
-    print(f"{args.out}: {args.out.stat().st_size} bytes")
-    return 0
+    return run_writer(
+        "service.real_runtimes.whisper_model",
+        lambda args: write_tiny_whisper(args.out, seed=args.seed),
+        argv,
+    )
 
 
 if __name__ == "__main__":

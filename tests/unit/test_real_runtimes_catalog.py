@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -98,3 +99,20 @@ def test_whisper_cpp_version_is_read_from_the_vendored_cmake_project(tmp_path: P
     )
     assert whisper_version(tmp_path) == "1.8.5"
     assert whisper_version(tmp_path / "absent") == "unknown"
+
+
+def test_a_model_writer_prints_every_byte_it_wrote_and_needs_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.real_runtimes.writer_cli import run_writer
+
+    def write(args: argparse.Namespace) -> None:
+        (args.out / "sub").mkdir(parents=True)
+        (args.out / "a.bin").write_bytes(bytes(args.seed))
+        (args.out / "sub" / "b.bin").write_bytes(bytes(1000))
+
+    assert run_writer("writer", write, ["--out", str(tmp_path / "m"), "--seed", "24"]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'm'}: 1,024 bytes\n"
+    with pytest.raises(SystemExit):
+        run_writer("writer", write, [])
+    assert "--out" in capsys.readouterr().err
