@@ -4,10 +4,11 @@ Per kind (chat, embedding and rerank on llama.cpp, speech-to-text on whisper.cpp
 diffusion on stable-diffusion.cpp, chat on vLLM's CPU build), one daemon runs the
 runtime's own command from ``runtimes.json`` beside a higher-priority stand-in that
 needs the whole budget, and a copy of the runtime set up to run out of memory. Through
-that daemon, with the official ``openai`` client: a cold load and a request, the
-footprint against the OS's own figure, an eviction by the higher priority and a reload,
-a SIGKILL under a request, the out-of-memory line classified by the runtime's adapter,
-and a SIGTERM that leaves no process behind.
+that daemon: a cold load and a request with the official ``openai`` client, the
+``ollama`` client where Ollama's API has the kind's route, the footprint against the
+OS's own figure, an eviction by the higher priority and a reload, a SIGKILL under a
+request, the out-of-memory line classified by the runtime's adapter, an unload while
+vLLM loads, and a SIGTERM that leaves no process behind.
 
 ``make real-runtimes`` installs the runtimes; without its ``runtimes.json`` this module
 is skipped with that reason. The weights are random: answers are checked for shape only.
@@ -25,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import ollama
 import openai
 import psutil
 import pytest
 from support.daemon import Daemon, demo_command, policy_yaml, running_daemon, stop_daemon
+from support.ports import free_port
 
 from service.adapters import adapter_named, find_oom
 from service.real_runtimes.catalog import (
@@ -162,7 +165,7 @@ SETUPS: dict[str, Setup] = {
 }
 
 
-def policy(kind: str, entry: RuntimeEntry) -> str:
+def policy(kind: str, entry: RuntimeEntry, ollama_port: int) -> str:
     setup = SETUPS[kind]
     base = {
         "kind": SERVICE_KINDS[kind].value,
@@ -199,7 +202,8 @@ def policy(kind: str, entry: RuntimeEntry) -> str:
             "priority": 900,
         },
     }
-    return policy_yaml(services, budget=BUDGET, sample_interval="0.5s")
+    extra = f"server:\n  ollama: {{port: {ollama_port}}}\n"
+    return policy_yaml(services, budget=BUDGET, sample_interval="0.5s", extra=extra)
 
 
 @pytest.fixture(scope="module", params=sorted(set(CATALOG) & set(SETUPS)))
@@ -208,9 +212,16 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def ollama_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    kind: str, ollama_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
     workdir = tmp_path_factory.mktemp(f"real-{kind}")
-    with running_daemon(policy(kind, CATALOG[kind]), workdir) as running:
+    with running_daemon(policy(kind, CATALOG[kind], ollama_port), workdir) as running:
         yield running
 
 
@@ -269,6 +280,26 @@ def test_the_footprint_is_the_os_figure_within_5_percent(
 
     daemon.wait_for(agrees, timeout=30)
     assert seen[-1][1] > 10 * 2**20, f"a real runtime holds more than 10 MiB: {seen[-1]}"
+
+
+def test_the_ollama_client_reaches_it_where_ollamas_api_has_the_route(
+    kind: str, daemon: Daemon, ollama_port: int
+) -> None:
+    if kind not in ("chat", "vllm", "embedding"):
+        pytest.skip(f"Ollama's API has no route for {kind}")
+    with ollama.Client(host=f"http://127.0.0.1:{ollama_port}", timeout=600) as client:
+        if kind == "embedding":
+            vectors = client.embed(model=MODEL, input=["one", "two"]).embeddings
+            assert len(vectors) == 2 and len(vectors[0]) > 0
+            return
+        ask = [{"role": "user", "content": "Hi"}]
+        short = {"num_predict": 4}
+        answer = client.chat(model=MODEL, messages=ask, options=short)
+        assert answer.done is True and answer.message.role == "assistant"
+        parts = list(client.chat(model=MODEL, messages=ask, options=short, stream=True))
+        assert parts[-1].done is True and not any(part.done for part in parts[:-1])
+        generated = client.generate(model=MODEL, prompt="Once", options=short)
+        assert generated.done is True
 
 
 def test_a_higher_priority_evicts_it_and_a_request_loads_it_again(
