@@ -12,6 +12,7 @@ and ``registry`` finds an adapter by name or from a command line::
     whispercpp.py       whisper.cpp whisper-server        "whisper.cpp"
     sdcpp.py            stable-diffusion.cpp sd-server    "sd.cpp"
     tei.py              text-embeddings-router            "tei"
+    piper.py            python -m piper.http_server       "piper"
     generic.py          any OpenAI-compatible server      "openai"
     registry.py         adapter_named, guess_adapter
 
@@ -24,6 +25,7 @@ from service.adapters.base import Adapter, BaseAdapter, RuntimeMetrics, find_oom
 from service.adapters.generic import OPENAI
 from service.adapters.llamacpp import LLAMA_CPP
 from service.adapters.llamacpp_python import LLAMA_CPP_PYTHON
+from service.adapters.piper import PIPER
 from service.adapters.prometheus import Sample, parse_prometheus, parse_samples
 from service.adapters.registry import ADAPTERS, adapter_named, guess_adapter
 from service.adapters.sdcpp import SD_CPP
@@ -36,6 +38,7 @@ __all__ = [
     "LLAMA_CPP",
     "LLAMA_CPP_PYTHON",
     "OPENAI",
+    "PIPER",
     "SD_CPP",
     "TEI",
     "VLLM",

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 from service.adapters.prometheus import parse_prometheus
 
@@ -51,6 +51,17 @@ class RuntimeMetrics:
     requests_running: int | None = None
     requests_waiting: int | None = None
     raw: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+
+@dataclass(frozen=True)
+class NativeRoute:
+    """A client route that a runtime serves through an API of its own (piper's
+    ``/synthesize`` for OpenAI's ``/v1/audio/speech``)."""
+
+    # The client's JSON body in the runtime's shape; ValueError names what it cannot do.
+    request: Callable[[Mapping[str, Any]], dict[str, Any]]
+    # The content type of its successful answers, where it labels them wrongly.
+    answer_type: str | None = None
 
 
 class Adapter(Protocol):
@@ -89,6 +100,13 @@ class Adapter(Protocol):
         ...
 
     @property
+    def native_routes(self) -> Mapping[str, NativeRoute]:
+        """Client routes the runtime serves through an API of its own, by route (applied
+        where the route goes to the runtime's default path for it; empty for runtimes
+        that speak the routes' APIs)."""
+        ...
+
+    @property
     def exit_grace_s(self) -> float | None:
         """The longest a clean exit after SIGTERM takes it, where that is known and
         short: a stop kills the runtime after this (or after ``stop_timeout``, if
@@ -123,6 +141,7 @@ class BaseAdapter:
     ready_line: re.Pattern[str] | None = None
     ready_line_final: bool = False
     exit_grace_s: float | None = None
+    native_routes: Mapping[str, NativeRoute] = field(default_factory=lambda: MappingProxyType({}))
 
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return 200 <= status_code < 300
@@ -193,8 +212,23 @@ TORCH_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\bDefaultCPUAllocator: can't allocate memory\b"),
 )
 
+# onnxruntime (piper, and ONNX servers behind the generic adapter).
+ONNX_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # its BFCArena: "Failed to allocate memory for requested buffer of size 12345"
+    re.compile(r"Failed to allocate memory for requested buffer of size"),
+    # a session short of memory for its thread pool (seen under a small address space):
+    # "... PosixThread(...) pthread_create failed, error code: 12 error msg: Cannot
+    # allocate memory"
+    re.compile(r"\berror code: 12 error msg: Cannot allocate memory\b"),
+)
+
 # Python's own allocation failure: host memory, which vramd also hands out.
-PYTHON_HOST_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (re.compile(r"^\s*MemoryError\b"),)
+PYTHON_HOST_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^\s*MemoryError\b"),
+    # the same, raised where Python could no longer print a traceback (piper importing
+    # under a small address space): "object type name: MemoryError"
+    re.compile(r"\bobject type name: MemoryError\b"),
+)
 
 
 # --- what parse_metrics makes of a runtime's figures ------------------------------------

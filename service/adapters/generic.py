@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from service.adapters.base import (
     GGML_OOM_PATTERNS,
+    ONNX_OOM_PATTERNS,
     PYTHON_HOST_OOM_PATTERNS,
     BaseAdapter,
     RuntimeMetrics,
@@ -28,11 +29,6 @@ from service.adapters.base import (
 from service.adapters.prometheus import MetricSamples
 from service.adapters.tei import CANDLE_OOM_PATTERNS
 from service.adapters.vllm import KV_USAGE_NAMES, VLLM_OOM_PATTERNS
-
-ONNX_OOM_PATTERNS: tuple[re.Pattern[str], ...] = (
-    # onnxruntime BFCArena: "Failed to allocate memory for requested buffer of size 12345"
-    re.compile(r"Failed to allocate memory for requested buffer of size"),
-)
 
 
 def _unique(*groups: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:

@@ -14,6 +14,7 @@ from service.adapters.base import Adapter
 from service.adapters.generic import OPENAI
 from service.adapters.llamacpp import LLAMA_CPP
 from service.adapters.llamacpp_python import LLAMA_CPP_PYTHON
+from service.adapters.piper import PIPER
 from service.adapters.sdcpp import SD_CPP
 from service.adapters.tei import TEI
 from service.adapters.vllm import VLLM
@@ -23,7 +24,7 @@ from service.policy.runtime_names import canonical_name, guess_name
 ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
     {
         adapter.name: adapter
-        for adapter in (LLAMA_CPP, LLAMA_CPP_PYTHON, VLLM, WHISPER_CPP, SD_CPP, TEI, OPENAI)
+        for adapter in (LLAMA_CPP, LLAMA_CPP_PYTHON, VLLM, WHISPER_CPP, SD_CPP, TEI, PIPER, OPENAI)
     }
 )
 

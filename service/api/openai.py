@@ -6,8 +6,9 @@ orchestrator which service serves that model on this route and hands the rest to
 ``service.proxy.forward.ProxyResponse``, which queues, forwards and relays.
 
 The client's bytes are forwarded as they came. A body is re-encoded only when the service
-sets ``upstream_model`` or ``set_params`` for the model: JSON is then dumped again with
-the new model and fields, and a multipart body gets the model field's value replaced in
+sets ``upstream_model`` or ``set_params`` for the model, or its runtime has an API of its
+own for the route (piper's ``/synthesize``, reshaped by its adapter): JSON is then dumped
+again with the new model and fields, and a multipart body gets the model field's value replaced in
 place (files are never parsed or copied twice; a find over the already-read body locates
 the field; ``set_params`` applies to JSON bodies only).
 
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from service.adapters.base import NativeRoute
 from service.api.auth import require_api_key
 from service.api.deps import get_orchestrator
 from service.domain import ServiceKind
@@ -107,6 +109,9 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         routed = leases.resolve(model, route)
         if routed.params and not shape.get("multipart"):
             body, with_model = with_params(body, routed.params)
+        native = routed.native if not shape.get("multipart") else None
+        if native is not None:
+            body, with_model = reshaped(body, native, routed.service)
         query = request.url.query
         client_request = ClientRequest(
             path=f"{routed.path}?{query}" if query else routed.path,
@@ -116,6 +121,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
             with_model=with_model,
             shape=shape,
             dialect=dialect,
+            answer_type=native.answer_type if native is not None else None,
         )
         return ProxyResponse(
             leases=leases, service=routed.service, request=client_request, config=config
@@ -218,6 +224,16 @@ def with_params(body: bytes, params: Mapping[str, Any]) -> tuple[bytes, ModelRew
         return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
 
     return json.dumps(payload, separators=(",", ":")).encode(), with_model
+
+
+def reshaped(body: bytes, native: NativeRoute, service: str) -> tuple[bytes, ModelRewrite]:
+    """A JSON body in the shape the service's runtime wants (piper's own API); 400 naming
+    what that runtime cannot do. Its shape has no model field to rewrite."""
+    try:
+        runtime_body = json.dumps(native.request(json.loads(body)), separators=(",", ":")).encode()
+    except ValueError as exc:
+        raise InvalidRequest(f"service {service!r}: {exc}") from None
+    return runtime_body, lambda _model: runtime_body
 
 
 def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:

@@ -5,6 +5,7 @@ effects.py          KernelEffects: spawn, stop, wait for memory, answer waiters
 swap_steps.py       SwapSteps: how long each step of a stop and a start took (swap events)
 sleeping.py         SleepMode: evicting a runtime by putting it to sleep (vLLM)
 startup_reaping.py  stopping what a previous daemon left running, found by its rows
+routing.py          each service's route table and request shapes, per policy
 tickets.py          Tickets: operators awaiting the answer to load, unload, restart
 views.py            the JSON views of live state (GET /api/services, ps, the dashboard)
 background.py       BackgroundTasks: work an owner must finish or cancel when it closes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from service.adapters import find_oom
@@ -35,6 +35,7 @@ from service.health.healthz import Health
 from service.kernel import views
 from service.kernel.background import BackgroundTasks
 from service.kernel.effects import Counters, KernelEffects
+from service.kernel.routing import native_routes, route_tables
 from service.kernel.startup_reaping import reap_previous_daemon
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
@@ -93,6 +94,7 @@ class Orchestrator:
     ) -> None:
         self.policy = policy
         self._routes = route_tables(policy)
+        self._natives = native_routes(policy)
         self.runtimes = runtimes
         self.sampler = sampler
         self.doctor = doctor
@@ -259,6 +261,7 @@ class Orchestrator:
     def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
         self.policy = policy
         self._routes = route_tables(policy)
+        self._natives = native_routes(policy)
         for listener in self.policy_listeners:
             listener(policy)
         for name in added:
@@ -313,7 +316,7 @@ class Orchestrator:
                 f"model {model!r} is a {spec.kind} model and does not serve {route} "
                 f"(service {name!r}; its policy's routes: key can add it)"
             )
-        return Routed(name, path, spec.set_params.get(model))
+        return Routed(name, path, spec.set_params.get(model), self._natives[name].get(route))
 
     def service_named(self, name: str) -> str:
         if name not in self.policy.services:
@@ -488,8 +491,3 @@ def _raise_for(answer: Resolve) -> None:
         raise InsufficientCapacity(answer.message)
     if answer.outcome == "window_closed":
         raise WindowClosed(answer.message, retry_after=answer.retry_after)
-
-
-def route_tables(policy: Policy) -> dict[str, Mapping[str, str]]:
-    """Each service's route table, built once per policy: every request looks one up."""
-    return {name: spec.route_table() for name, spec in policy.services.items()}

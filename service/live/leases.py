@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.adapters.base import NativeRoute
 from service.errors import (
     InsufficientCapacity,
     ModelNotFound,
@@ -59,6 +60,9 @@ class Routed:
     path: str
     # JSON fields to set over the client's (the service's set_params for the model).
     params: Mapping[str, Any] | None = None
+    # How the runtime serves the route through an API of its own (piper's /synthesize);
+    # ``None`` for runtimes that speak the route's API.
+    native: NativeRoute | None = None
 
 
 @dataclass(slots=True)

@@ -57,13 +57,22 @@ ROUTE_ALIASES: Mapping[str, str] = MappingProxyType(
 ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 # Where runtimes answer a client route at another path, by adapter name
-# (``service.policy.runtime_names``). A policy's ``routes:`` entries override these.
-ADAPTER_ROUTES: Mapping[str, Mapping[str, str]] = MappingProxyType(
+# (``service.policy.runtime_names``); ``None``: a route of the kind the runtime does not
+# serve. A policy's ``routes:`` entries override these.
+ADAPTER_ROUTES: Mapping[str, Mapping[str, str | None]] = MappingProxyType(
     {
         # TEI's OpenAI-compatible surface is /v1/embeddings only; it reranks at /rerank.
         "tei": MappingProxyType({"/v1/rerank": "/rerank"}),
         # whisper.cpp's server transcribes multipart uploads at /inference.
         "whisper.cpp": MappingProxyType({"/v1/audio/transcriptions": "/inference"}),
+        # piper speaks at /synthesize (its adapter reshapes OpenAI's body) and only speaks.
+        "piper": MappingProxyType(
+            {
+                "/v1/audio/speech": "/synthesize",
+                "/v1/audio/transcriptions": None,
+                "/v1/audio/translations": None,
+            }
+        ),
     }
 )
 
@@ -98,10 +107,10 @@ def check_route_map(routes: Mapping[str, str | None]) -> dict[str, str | None]:
     return checked
 
 
-def adapter_routes(adapter: str, command: Sequence[str]) -> dict[str, str]:
+def adapter_routes(adapter: str, command: Sequence[str]) -> dict[str, str | None]:
     """Where the runtime ``adapter`` names answers routes at its own paths, as started by
     ``command`` (a flag such as ``--inference-path`` moves one)."""
-    routes = dict(ADAPTER_ROUTES.get(adapter, {}))
+    routes: dict[str, str | None] = dict(ADAPTER_ROUTES.get(adapter, {}))
     if adapter in PATH_FLAGS:
         flag, route = PATH_FLAGS[adapter]
         path = flag_value(command, flag)
@@ -131,7 +140,9 @@ def route_table(
     """Client route -> runtime path, for every route the service serves."""
     table = {route: route for route in ROUTES_BY_KIND[kind]}
     for route, path in adapter_routes(adapter, command).items():
-        if route in table:  # a default moves a route; it never adds one to the kind's
+        if path is None:
+            table.pop(route, None)
+        elif route in table:  # a default moves a route; it never adds one to the kind's
             table[route] = path
     for route, target in routes.items():
         if target is None:

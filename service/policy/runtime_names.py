@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 # The canonical names, in the order error messages list them.
-ADAPTER_NAMES = ("llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp", "tei", "openai")
+ADAPTER_NAMES = (
+    "llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp", "tei", "piper", "openai",
+)  # fmt: skip
 GENERIC = "openai"
 # Runtimes with a sleep mode vramd can drive (vLLM's /sleep and /wake_up).
 SLEEP_ADAPTERS = frozenset({"vllm"})
@@ -45,6 +47,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "stable-diffusion.cpp": "sd.cpp",
         "text-embeddings-inference": "tei",
         "text-embeddings-router": "tei",
+        "piper-tts": "piper",
+        "piper.http_server": "piper",
         "generic": "openai",
     }
 )
@@ -111,6 +115,8 @@ def _by_module(module: str) -> str | None:
         return "llama-cpp-python"
     if module == "vllm" or module.startswith("vllm."):
         return "vllm"
+    if module == "piper.http_server":
+        return "piper"
     return None
 
 

@@ -170,7 +170,7 @@ class Service(_Strict):
     set_params: dict[ModelName, dict[StrictStr, Any]] = {}
     # Which runtime this is (health path, metrics, out-of-memory lines); guessed from
     # the command when unset. One of: llama.cpp, llama-cpp-python, vllm, whisper.cpp,
-    # sd.cpp, tei, openai.
+    # sd.cpp, tei, piper, openai.
     adapter: StrictStr | None = None
     # vLLM sleep mode (server started with --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1):
     # evict by putting it to sleep (weights to host memory) and wake it for a request.

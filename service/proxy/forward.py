@@ -208,6 +208,8 @@ class ProxyResponse(Response):
             ack = Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
             status = upstream.status_code
+            if status < 400 and self._request.answer_type is not None:
+                headers = _with_content_type(headers, self._request.answer_type.encode())
             translator = self._request.translator
             if status < 400 and upstream.headers.get("content-type", "").startswith(
                 "text/event-stream"

@@ -109,6 +109,8 @@ class ClientRequest:
     dialect: Dialect = OPENAI  # how vramd's own errors are worded for this client
     translator: Translator | None = None
     reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the client's answer
+    # The content type of a successful answer, where the runtime labels it wrongly.
+    answer_type: str | None = None
 
     def body_for(self, upstream_model: str | None) -> bytes:
         if upstream_model is None or self.model is None or upstream_model == self.model:

@@ -23,6 +23,7 @@ from service.adapters import (
     LLAMA_CPP,
     LLAMA_CPP_PYTHON,
     OPENAI,
+    PIPER,
     SD_CPP,
     TEI,
     VLLM,
@@ -39,7 +40,7 @@ from service.adapters import vllm as vllm_sleep
 from service.policy.runtime_names import ADAPTER_NAMES, ALIASES, SLEEP_ADAPTERS
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "adapters"
-KNOWN = ("llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp", "tei", "openai")
+KNOWN = ("llama.cpp", "llama-cpp-python", "vllm", "whisper.cpp", "sd.cpp", "tei", "piper", "openai")
 
 
 def fixture(name: str) -> str:
@@ -323,6 +324,7 @@ def test_health_paths() -> None:
         "whisper.cpp": "/health",
         "sd.cpp": "/v1/models",
         "tei": "/health",
+        "piper": "/voices",  # it has no /health
         "openai": "/v1/models",
     }
 
@@ -392,6 +394,7 @@ def test_adapter_named_unknown_lists_the_known_names() -> None:
         (["python", "-m", "uvicorn", "kokoro_fastapi:app"], "openai"),
         (["python", "-c", "import vllm"], "openai"),
         (["python", "/srv/tts/server.py", "--port", "${PORT}"], "openai"),
+        (["/opt/piper/bin/python", "-m", "piper.http_server", "--model", "v.onnx"], "piper"),
         (["koboldcpp", "--model", "/models/llama-server.gguf"], "openai"),
         (["env", "FOO=1"], "openai"),
         (["python"], "openai"),
@@ -445,6 +448,15 @@ def test_guess_adapter(argv: list[str], expected: str) -> None:
             "sdcpp_oom.log",
             "[ERROR] ggml_backend_cuda_buffer_type_alloc_buffer: allocating 6658.00 MiB on "
             "device 0: cudaMalloc failed: out of memory",
+        ),
+        (
+            PIPER,
+            "piper_oom_session.log",
+            "EP Error /onnxruntime_src/onnxruntime/core/platform/posix/env.cc:327 "
+            "onnxruntime::{anonymous}::PosixThread::PosixThread(const char*, int, unsigned "
+            "int (*)(int, Eigen::ThreadPoolInterface*), Eigen::ThreadPoolInterface*, const "
+            "onnxruntime::ThreadOptions&) pthread_create failed, error code: 12 error msg: "
+            "Cannot allocate memory",
         ),
         (
             TEI,
@@ -581,6 +593,15 @@ OOM_LINES: dict[str, tuple[list[str], list[str]]] = {
         ["MemoryError", "cudaMalloc failed: out of memory"],
         ["ValueError: Failed to create llama_context"],
     ),
+    "piper": (
+        # piper under prlimit --as: importing, creating its session, loading the voice
+        [
+            "object type name: MemoryError",
+            "onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument: [ONNXRuntimeError] "
+            ": 2 : INVALID_ARGUMENT : Failed to load model with error: std::bad_alloc",
+        ],
+        ["WARNING:piper.voice:Missing phoneme from id map: q"],
+    ),
     "openai": (
         [
             "2025-01-01 12:00:00.1 [E:onnxruntime:, sequential_executor.cc:516 ExecuteKernel] "
@@ -700,3 +721,36 @@ async def test_timeouts_are_false_not_raised() -> None:
     async with vllm_client(slow) as (client, _):
         assert await vllm_sleep.sleep(client) is False
         assert await vllm_sleep.wake_up(client) is False
+
+
+# --- piper: OpenAI's speech request in piper's own shape ----------------------------------
+
+
+def test_piper_speaks_openais_input_at_the_speed_asked() -> None:
+    from service.adapters.piper import speech_request
+
+    openai_body = {"model": "tts", "input": "Hello.", "voice": "alloy", "speed": 2.0,
+                   "response_format": "wav"}  # fmt: skip
+    assert speech_request(openai_body) == {
+        "text": "Hello.",
+        "length_scale": 0.5,
+        "speaker": "alloy",
+    }
+    assert speech_request({"input": "Hi"}) == {"text": "Hi"}
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"input": "Hi", "response_format": "mp3"}, "response_format 'mp3'"),
+        ({"input": "  "}, "'input'"),
+        ({"voice": "alloy"}, "'input'"),
+        ({"input": "Hi", "speed": 0}, "'speed'"),
+        ({"input": "Hi", "speed": "fast"}, "'speed'"),
+    ],
+)
+def test_piper_refuses_what_it_cannot_speak_naming_it(body: dict[str, object], named: str) -> None:
+    from service.adapters.piper import speech_request
+
+    with pytest.raises(ValueError, match=named):
+        speech_request(body)

@@ -95,6 +95,23 @@ def test_every_client_route_is_served_by_exactly_one_kind() -> None:
     assert len(CLIENT_ROUTES) == len(set(CLIENT_ROUTES)) == len(kinds)
 
 
+def test_piper_only_speaks_and_gets_openais_body_in_its_own_shape_at_its_path() -> None:
+    from service.kernel.routing import native_routes
+
+    piper = """\
+        kind: speech
+        command: [/opt/piper/bin/python, -m, piper.http_server, --model, v.onnx]
+        """
+    policy = load_policy(policy_with(piper))
+    assert policy.services["svc"].route_table() == {"/v1/audio/speech": "/synthesize"}
+    native = native_routes(policy)["svc"]["/v1/audio/speech"]
+    assert native.request({"model": "m", "input": "Hi"}) == {"text": "Hi"}
+    assert native.answer_type == "audio/wav"  # piper's Flask says text/html
+    # Moved by the policy (an OpenAI-speaking front of its own): the body goes as it came.
+    moved = load_policy(policy_with(piper + "routes: {/v1/audio/speech: /v1/audio/speech}\n"))
+    assert native_routes(moved)["svc"] == {}
+
+
 def test_the_policy_resolves_a_services_route_table_from_its_command() -> None:
     policy = load_policy(
         policy_with(
@@ -241,3 +258,18 @@ def test_a_failed_stream_ends_with_each_apis_error_event() -> None:
     )
     assert OPENAI.stream_error(failure).startswith(b'data: {"error"')
     assert json.loads(OLLAMA.stream_error(failure)) == {"error": "no room"}
+
+
+def test_a_request_piper_cannot_speak_is_a_400_naming_the_service_and_the_field() -> None:
+    from service.adapters import PIPER
+    from service.api.openai import reshaped
+    from service.errors import InvalidRequest
+
+    speech = PIPER.native_routes["/v1/audio/speech"]
+    body, with_model = reshaped(b'{"model":"m","input":"Hi","speed":2}', speech, "tts")
+    assert json.loads(body) == {"text": "Hi", "length_scale": 0.5}
+    assert with_model("other") == body  # piper's body names no model to rewrite
+    with pytest.raises(InvalidRequest) as refused:
+        reshaped(b'{"model":"m","input":"Hi","response_format":"mp3"}', speech, "tts")
+    assert refused.value.status == 400
+    assert "service 'tts': response_format 'mp3'" in refused.value.message
