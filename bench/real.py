@@ -42,7 +42,7 @@ import httpx
 from rich.console import Console
 
 from bench.processes import free_port, policy_text, running_vramd, spawn
-from bench.real_requests import request, runtime_path
+from bench.real_requests import request, runtime_path, runtime_request
 from bench.report import markdown_table, rich_table, write_outputs
 from service.adapters import adapter_named
 from service.real_runtimes.catalog import SERVICE_KINDS, RuntimeEntry, load_catalog
@@ -58,10 +58,9 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def first_byte(client: httpx.Client, url: str, kind: str, entry: RuntimeEntry, t0: float) -> float:
-    """Send ``kind``'s request (its model named ``kind``) to ``url``; milliseconds from
-    ``t0`` to the answer's first byte."""
-    _, kwargs = request(kind, entry, kind)
+def first_byte(client: httpx.Client, url: str, kwargs: dict[str, Any], t0: float) -> float:
+    """POST a request (``httpx`` keyword arguments) to ``url``; milliseconds from ``t0``
+    to the answer's first byte."""
     with client.stream("POST", url, **kwargs) as response:
         if response.status_code != 200:
             response.read()
@@ -117,10 +116,10 @@ def cold_pairs(
     with running_vramd(policy, keep=workdir) as vramd, httpx.Client(timeout=600) as client:
         for i in range(runs + 1):
             with by_hand(kind, entry, workdir / f"{kind}-by-hand.log") as (url, t0):
-                by_hand_ms = first_byte(client, url, kind, entry, t0)
+                by_hand_ms = first_byte(client, url, runtime_request(kind, entry, kind), t0)
             httpx.post(f"{vramd.url}/api/services/{kind}/unload", timeout=60).raise_for_status()
-            route, _ = request(kind, entry, kind)
-            through = first_byte(client, vramd.url + route, kind, entry, time.perf_counter())
+            route, kwargs = request(kind, entry, kind)
+            through = first_byte(client, vramd.url + route, kwargs, time.perf_counter())
             if i > 0:
                 hand.append(by_hand_ms)
                 vramd_ms.append(through)
@@ -141,7 +140,7 @@ def swap_by_hand(
             t0 = time.perf_counter()
             stack.close()  # SIGTERM the resident runtime and wait for its exit
             url, _ = stack.enter_context(by_hand(kind, catalog[kind], workdir / f"{kind}-swap.log"))
-            took = first_byte(client, url, kind, catalog[kind], t0)
+            took = first_byte(client, url, runtime_request(kind, catalog[kind], kind), t0)
             if i > 1:
                 results.append((kind, took))
     return results
@@ -173,8 +172,8 @@ def swaps_through_vramd(
     with running_vramd(policy, keep=workdir) as vramd, httpx.Client(timeout=600) as client:
         for i in range(runs + 1):
             kind = kinds[(i + 1) % len(kinds)]
-            route, _ = request(kind, catalog[kind], kind)
-            took = first_byte(client, vramd.url + route, kind, catalog[kind], time.perf_counter())
+            route, kwargs = request(kind, catalog[kind], kind)
+            took = first_byte(client, vramd.url + route, kwargs, time.perf_counter())
             if i > 0:
                 results.append((kind, took))
     return results

@@ -3,14 +3,17 @@
 Each is what a client of that kind sends first: a streamed chat completion (its first
 byte is the first token's chunk), an embedding of two strings, a rerank of three
 documents, a transcription of a one-second generated WAV, one image at the catalog's
-``image_size``. The path is the client route; ``runtime_path`` gives the runtime's own
-path for it (whisper-server transcribes at ``/inference``), as vramd's route table does.
+``image_size``, a sentence to speak. The path is the client route; ``runtime_path``
+gives the runtime's own path for it (whisper-server transcribes at ``/inference``), as
+vramd's route table does, and ``runtime_request`` the body in the runtime's own shape
+(piper's ``/synthesize``), as vramd reshapes it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from service.adapters import adapter_named
 from service.policy.routes import route_table
 from service.real_runtimes.catalog import SERVICE_KINDS, RuntimeEntry
 
@@ -61,3 +64,12 @@ def request(kind: str, entry: RuntimeEntry, model: str) -> tuple[str, dict[str, 
         body = {"model": model, "input": "Hello there.", "voice": "alloy", "response_format": "wav"}
         return route, {"json": body}
     raise ValueError(f"no request for kind {kind!r}")
+
+
+def runtime_request(kind: str, entry: RuntimeEntry, model: str) -> dict[str, Any]:
+    """The ``httpx`` keyword arguments of ``kind``'s request sent to the runtime itself."""
+    route, kwargs = request(kind, entry, model)
+    native = adapter_named(entry.adapter).native_routes.get(route)
+    if native is not None and "json" in kwargs:
+        kwargs = {**kwargs, "json": native.request(kwargs["json"])}
+    return kwargs

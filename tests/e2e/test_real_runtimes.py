@@ -1,14 +1,14 @@
 """Every real runtime in ``runtimes.json`` under a running ``vramd serve`` (docs/runtimes.md).
 
 Per kind (chat, embedding and rerank on llama.cpp, speech-to-text on whisper.cpp,
-diffusion on stable-diffusion.cpp, chat on vLLM's CPU build), one daemon runs the
-runtime's own command from ``runtimes.json`` beside a higher-priority stand-in that
-needs the whole budget, and a copy of the runtime set up to run out of memory. Through
-that daemon: a cold load and a request with the official ``openai`` client, the
-``ollama`` client where Ollama's API has the kind's route, the footprint against the
-OS's own figure, an eviction by the higher priority and a reload, a SIGKILL under a
-request, the out-of-memory line classified by the runtime's adapter, an unload while
-vLLM loads, and a SIGTERM that leaves no process behind.
+diffusion on stable-diffusion.cpp, chat on vLLM's CPU build, text-to-speech on piper),
+one daemon runs the runtime's own command from ``runtimes.json`` beside a
+higher-priority stand-in that needs the whole budget, and a copy of the runtime set up
+to run out of memory. Through that daemon: a cold load and a request with the official
+``openai`` client, the ``ollama`` client where Ollama's API has the kind's route, the
+footprint against the OS's own figure, an eviction by the higher priority and a reload,
+a SIGKILL under a request, the out-of-memory line classified by the runtime's adapter,
+an unload while vLLM loads, and a SIGTERM that leaves no process behind.
 
 ``make real-runtimes`` installs the runtimes; without its ``runtimes.json`` this module
 is skipped with that reason. The weights are random: answers are checked for shape only.
@@ -115,6 +115,7 @@ def _text_to_speech(client: openai.OpenAI, entry: RuntimeEntry, model: str) -> A
         model=model, voice="alloy", input="Hello there.", response_format="wav"
     )
     assert raw.http_response.content[:4] == b"RIFF"
+    assert raw.http_response.headers["content-type"] == "audio/wav"
     return raw
 
 
@@ -162,6 +163,9 @@ SETUPS: dict[str, Setup] = {
     # sd.cpp: its UNet's weights (486 MB) under a 600 MB address space.
     "diffusion": Setup("1GiB", "120s", _under_limit(str(600 * 10**6))),
     "vllm": Setup("3GiB", "300s", VLLM_OOM),
+    # piper under a 240 MiB address space: it fails importing (MemoryError), creating its
+    # onnxruntime session or loading its voice (std::bad_alloc), by a few MiB either way.
+    "text-to-speech": Setup("300MiB", "120s", _under_limit(str(240 * 2**20))),
 }
 
 
