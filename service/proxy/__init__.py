@@ -4,4 +4,5 @@ forward.py   ProxyResponse: lease, send (again if never sent), relay the answer
 request.py   ClientRequest, ProxyConfig, Translator: what a router hands the proxy
 watchers.py  around one exchange: client hang-up, runtime silence, delayed ACKs
 dialects.py  the client's API dialect (OpenAI, Responses, Anthropic, Ollama): errors
+message_start.py  MessageStart: the opening event an Anthropic stream lacked, put back
 """

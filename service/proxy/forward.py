@@ -63,6 +63,8 @@ from starlette.types import Receive, Scope, Send
 
 from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.live.leases import Lease, LeaseProvider, Outcome
+from service.proxy.dialects import ANTHROPIC
+from service.proxy.message_start import MessageStart
 from service.proxy.request import ClientRequest, ProxyConfig, new_request_id
 from service.proxy.watchers import Acker, DisconnectWatch, Silence
 
@@ -279,6 +281,11 @@ class ProxyResponse(Response):
         event if the runtime dies or stalls, so the client never waits on a dead stream."""
         await send({"type": "http.response.start", "status": status, "headers": headers})
         translator = self._request.translator
+        opener = (
+            MessageStart(model=self._request.model, request_id=self._request_id)
+            if self._request.dialect is ANTHROPIC and translator is None
+            else None
+        )
         chunks = _body_chunks(upstream)
         held = b""  # the start of an event whose end has not arrived yet
         # The last two whole pieces relayed: where a runtime's final figures are.
@@ -304,6 +311,8 @@ class ProxyResponse(Response):
                 if end:
                     last = (last[1], chunk[:end])
                     body = chunk[:end] if translator is None else translator.events(chunk[:end])
+                    if opener is not None:
+                        body = opener.events(body)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
         except asyncio.CancelledError:
             if not silence.timed_out():

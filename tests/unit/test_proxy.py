@@ -931,3 +931,34 @@ async def test_a_missing_auth_config_fails_closed(harness: Harness) -> None:
     with pytest.raises(RuntimeError, match=r"app\.state\.auth"):
         await harness.post(json=chat())
     assert harness.seen == []
+
+
+# --- an Anthropic stream without its opening event (llama-server) ----------------------
+
+
+def test_an_anthropic_stream_without_message_start_gets_one_in_front_once() -> None:
+    from service.proxy.message_start import MessageStart, first_event_type
+
+    opener = MessageStart(model="m", request_id="req-0123")
+    block = b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n'
+    opened = opener.events(block)
+    assert first_event_type(opened) == "message_start"
+    start = json.loads(opened.split(b"\n")[1].removeprefix(b"data: "))
+    assert start["message"]["id"] == "msg_0123" and start["message"]["model"] == "m"
+    assert opened.endswith(block)
+    later = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    assert opener.events(later) == later  # only the stream's first events
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n',
+        b'data: {"type":"message_start","message":{}}\n\n',
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n',
+    ],
+)
+def test_an_anthropic_stream_that_opens_itself_is_relayed_as_it_came(first: bytes) -> None:
+    from service.proxy.message_start import MessageStart
+
+    assert MessageStart(model="m", request_id="req-1").events(first) == first
