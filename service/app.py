@@ -22,6 +22,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
@@ -89,7 +90,7 @@ def build_orchestrator(
     events = EventLog(writer, clock)
     runtimes = RuntimeTable(
         dict(policy.services),
-        launcher=launcher or SubprocessLauncher(clock),
+        launcher=launcher or SubprocessLauncher(clock, output_dir=runtime_output(store)),
         clock=clock,
         http=httpx.AsyncClient(timeout=httpx.Timeout(2.0)),  # for health polls
     )
@@ -149,6 +150,12 @@ def build_orchestrator(
         settings=settings,
     )
     return orchestrator
+
+
+def runtime_output(store: Store) -> Path:
+    """Where runtimes write their output: beside the database, so the next daemon on it
+    finds the files of the runtimes it adopts."""
+    return Path(f"{store.path}.output")
 
 
 def _memory_truth(

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     creep_min_age_s: float = 60.0
     # How many samples after warm-up creep detection needs before it may judge.
     creep_min_samples: int = 30
+    # On SIGTERM, leave ready runtimes running for the next daemon (``--keep-runtimes``;
+    # the policy's ``server.keep_runtimes_on_exit`` does the same).
+    keep_runtimes: bool = False
 
 
 class ClientSettings(BaseSettings):

@@ -110,6 +110,13 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite database file.")] = None,
+    keep_runtimes: Annotated[
+        bool,
+        typer.Option(
+            "--keep-runtimes",
+            help="On SIGTERM leave ready runtimes running for the next vramd to adopt.",
+        ),
+    ] = False,
 ) -> None:
     """Run the daemon."""
     import uvicorn
@@ -117,7 +124,9 @@ def serve(
     from service.app import create_app
     from service.server import DaemonServer
 
-    settings = _settings(config=config, host=host, port=port, db=db)
+    settings = _settings(
+        config=config, host=host, port=port, db=db, keep_runtimes=keep_runtimes or None
+    )
     policy, _ = read_policy_or_exit(settings.config)
     address = server_address(settings, policy)
     problem = refuse_unsafe_bind(address.host, policy)

@@ -68,7 +68,7 @@ def services_table(services: Iterable[dict[str, Any]]) -> Table:
         add_row(
             table,
             svc.get("name"),
-            "waiting" if svc.get("waiting_for") else svc.get("state"),
+            state_cell(svc),
             device_cell(svc),
             memory_cell(svc),
             svc.get("in_flight", 0),
@@ -89,6 +89,13 @@ def device_cell(svc: dict[str, Any]) -> str:
     return "\n".join(
         f"{d}: {format_size(measured.get(str(d)) or charged.get(str(d)))}" for d in devices
     )
+
+
+def state_cell(svc: dict[str, Any]) -> str:
+    """``ready``, ``ready (adopted)`` for a runtime a previous daemon started, ``waiting``."""
+    if svc.get("waiting_for"):
+        return "waiting"
+    return f"{svc.get('state')} (adopted)" if svc.get("adopted") else str(svc.get("state"))
 
 
 def memory_cell(svc: dict[str, Any]) -> str:

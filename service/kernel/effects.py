@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Protocol
+from typing import Protocol
 
 from service.clock import Clock
 from service.devices import DeviceProbe
@@ -25,6 +25,7 @@ from service.errors import RuntimeFailed
 from service.kernel.background import BackgroundTasks
 from service.kernel.sleeping import SleepMode
 from service.kernel.swap_steps import SwapSteps, ms, now
+from service.kernel.takeover import record_sleep, record_spawn
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import REJECTIONS, Lease, Waiters
@@ -43,6 +44,7 @@ from service.memory.sampling import Sampler
 from service.scheduler import (
     Event,
     Grant,
+    InstanceAdopted,
     InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
@@ -56,8 +58,8 @@ from service.scheduler import (
     Stop,
     StopSleeper,
 )
-from service.store import StoreWriter, queries
-from service.supervisor import StartFailed, wait_settled
+from service.store import StoreWriter
+from service.supervisor import RuntimeProcess, StartFailed, wait_settled
 from service.supervisor.backoff import LOOP_WINDOW_S
 from service.swapstate import StateKeeper
 
@@ -224,23 +226,11 @@ class KernelEffects:
                 },
             )
 
-        async def spawned(proc: Any) -> None:
+        async def spawned(proc: RuntimeProcess) -> None:
             self._steps.mark(rt.name, "spawned")
             self._sampler.process_spawned(rt, proc.pid)
-            started_at = self._clock.now()
-            rt.instance_id = self._writer.put_row(
-                "instances",
-                lambda session, row_id: queries.record_instance_spawn(
-                    session,
-                    id=row_id,
-                    service=rt.name,
-                    pid=proc.pid,
-                    pgid=proc.pgid,
-                    proc_start_time=proc.proc_start_time,
-                    port=args.port,
-                    device=action.device,
-                    started_at=started_at,
-                ),
+            rt.instance_id = record_spawn(
+                self._writer, rt, proc, args.argv, args.port, devices, self._clock.now()
             )
 
         # A failed start needs nothing here: on_state has told the scheduler (backoff or
@@ -294,11 +284,14 @@ class KernelEffects:
         steps["settle_ms"] = ms(exited, now())
         self._steps.record(rt, "stop", steps)
 
-    async def stop_all(self, reason: str) -> None:
+    async def stop_all(self, reason: str, *, keep_ready: bool = False) -> None:
         """The daemon closes: each runtime saves its state (if it keeps any and has not
-        saved already) and stops, all at once."""
+        saved already) and stops, all at once; with ``keep_ready``, a ready one is left
+        running for the next daemon to adopt instead (nothing to save: it keeps it)."""
 
         async def one(rt: ServiceRuntime) -> None:
+            if keep_ready and await rt.instance.detach("left running for the next vramd"):
+                return
             if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
                 await self._keeper.save(rt, reason)
             await rt.instance.stop(reason, timeout_s=rt.exit_grace_s)
@@ -383,11 +376,13 @@ class KernelEffects:
         )
         if old is S.BACKOFF and new is S.STARTING:
             rt.counters["restarts"] += 1
+        if S.SLEEPING in (old, new):
+            record_sleep(self._writer, rt, asleep=new is S.SLEEPING)
         if new is S.READY:
             self._ready(rt, old)
         elif new is S.SLEEPING:
             self._doctor.end_watch(rt)  # waking starts a new series
-        elif new in _PROCESS_GONE and old not in _PROCESS_GONE:
+        elif new in _PROCESS_GONE and old not in _PROCESS_GONE and not inst.detached:
             self._gone(rt, old, new, reason)
 
     def _ready(self, rt: ServiceRuntime, old: S) -> None:
@@ -400,6 +395,9 @@ class KernelEffects:
             self.tasks.spawn(self._clear_loop_flag(rt, inst.ready_at), f"loop flag {rt.name}")
         rt.open_client(inst.port)
         self._doctor.start_watch(rt)
+        if inst.adopted:  # a previous daemon loaded it: nothing to count or restore
+            self._feed(InstanceAdopted(rt.name, rt.devices))
+            return
         if rt.oom_incident is not None:
             self._doctor.verdict(rt, retry_succeeded=True)
         rt.last_load_s = inst.load_s

@@ -5,8 +5,8 @@ scheduler's actions go to the kernel's ``Effects`` (``service.kernel.effects``).
 it needs is built in ``service.app`` and handed in; it builds no helper of its own
 (docs/architecture.md, "The kernel's shape").
 
-What it does itself is what only the owner may do: its lifecycle (reap what a previous
-daemon left, start the loops, shut down), applying policies, and answering the API --
+What it does itself is what only the owner may do: its lifecycle (take over from a
+previous daemon, start the loops, shut down), applying policies, and answering the API --
 requests get leases (``acquire``/``release``), operators get their loads, unloads and
 restarts answered by the events those cause (``Tickets``), never by polling.
 """
@@ -36,7 +36,7 @@ from service.kernel import views
 from service.kernel.background import BackgroundTasks
 from service.kernel.effects import Counters, KernelEffects
 from service.kernel.routing import native_routes, route_tables
-from service.kernel.startup_reaping import reap_previous_daemon
+from service.kernel.takeover import take_over_previous_daemon
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
@@ -116,6 +116,8 @@ class Orchestrator:
         self._loops = BackgroundTasks()
         self._applying = asyncio.Lock()
         self._closing = False
+        # Closing leaves ready runtimes running: asked to, or handed over (``--replace``).
+        self.keep_runtimes = settings.keep_runtimes or policy.server.keep_runtimes_on_exit
         # Called with each newly installed policy (the app refreshes keys and limits).
         self.policy_listeners: list[Callable[[Policy], None]] = []
 
@@ -143,10 +145,12 @@ class Orchestrator:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Reap what a previous daemon left, take a first sample, start pinned services."""
-        await reap_previous_daemon(
-            store=self._store, writer=self._writer, events=self.events, clock=self._clock
-        )
+        """Adopt or reap what a previous daemon left, take a first sample, start pinned
+        services."""
+        await take_over_previous_daemon(
+            store=self._store, writer=self._writer, events=self.events, clock=self._clock,
+            runtimes=self.runtimes, http=self.runtimes.http,
+        )  # fmt: skip
         await self.sampler.sample_once()
         rules, device_rule = rules_from_policy(self.policy)
         self.events.record(
@@ -161,17 +165,14 @@ class Orchestrator:
         self._health.watchdog.start()
 
     def begin_shutdown(self) -> None:
-        """The daemon got SIGTERM: refuse what waits (and what comes), finish what runs.
-
-        Called as soon as the signal arrives, before the server waits for open
-        connections: a request queued behind a load would otherwise hold the shutdown
-        until the server gives up on it. Requests already at a runtime (streams
-        included) go on to their end, up to their service's ``stop_timeout``: the
-        scheduler drains every instance and stops it (``ShutdownRequested``).
-        """
+        """SIGTERM: refuse what waits, let what runs finish (up to each service's
+        ``stop_timeout``), then stop everything (``ShutdownRequested``). Called as the
+        signal arrives, so no queued request holds the server's graceful wait."""
         if self._closing:
             return
         self._closing = self._effects.closing = True
+        if self.keep_runtimes:
+            return  # what waits is served or refused as the server closes; nothing stops
         waiting = self._waiters.ids()
         self._waiters.refuse_all("vramd is shutting down", retry_after=5)
         for request_id in waiting:
@@ -190,11 +191,15 @@ class Orchestrator:
         await self._health.watchdog.stop()
         await self._loops.cancel_all()
         self._waiters.refuse_all("vramd is shutting down", retry_after=5)
-        await self._effects.stop_all("daemon shutting down")
+        await self._effects.stop_all("daemon shutting down", keep_ready=self.keep_runtimes)
         await self._effects.tasks.cancel_all()
         await self.runtimes.aclose()
         self.sampler.flush_counters()
-        self.events.record("daemon", "vramd stopped; every runtime was stopped")
+        left = [rt.name for rt in self.runtimes.values() if rt.instance.detached]
+        if left:
+            self.events.record("daemon", f"vramd stopped; left running: {', '.join(left)}")
+        else:
+            self.events.record("daemon", "vramd stopped; every runtime was stopped")
 
     async def _tick_loop(self) -> None:
         while True:
@@ -260,8 +265,8 @@ class Orchestrator:
 
     def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
         self.policy = policy
-        self._routes = route_tables(policy)
-        self._natives = native_routes(policy)
+        self._routes, self._natives = route_tables(policy), native_routes(policy)
+        self.keep_runtimes = self._settings.keep_runtimes or policy.server.keep_runtimes_on_exit
         for listener in self.policy_listeners:
             listener(policy)
         for name in added:

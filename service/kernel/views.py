@@ -35,6 +35,8 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         # adds nothing it does not know, except "waiting for memory" below.
         "state": inst.state.value,
         "pid": inst.pid,
+        # Started by a previous daemon and adopted by this one (no load).
+        "adopted": inst.adopted,
         "port": inst.port,
         "device": rt.device if inst.pid is not None else view.device,
         # span: N: every device, and per device what is measured and charged there.

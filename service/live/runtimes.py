@@ -337,6 +337,11 @@ class RuntimeTable:
         for name, spec in specs.items():
             self.add(name, spec)
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The client health checks go through."""
+        return self._http
+
     def observe(self, observer: StateObserver) -> None:
         self._observer = observer
 

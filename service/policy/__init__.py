@@ -31,7 +31,13 @@ cron and runtime-name modules (tests/unit/test_policy.py holds the import edges)
 """
 
 from service.policy.cron import check_cron
-from service.policy.diff import RESTART_FIELDS, PolicyDiff, ServiceChange, diff_policies
+from service.policy.diff import (
+    RESTART_FIELDS,
+    PolicyDiff,
+    ServiceChange,
+    diff_policies,
+    process_identity,
+)
 from service.policy.load import load_policy
 from service.policy.placeholders import (
     CAP_PLACEHOLDERS,
@@ -103,6 +109,7 @@ __all__ = [
     "parse_protect",
     "placeholders_in",
     "policy_json_schema",
+    "process_identity",
     "protect_seconds",
     "starvation_warnings",
 ]

@@ -7,17 +7,43 @@ the service restarts, drained; every other change takes effect in place.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import BaseModel
 
 from service.policy.placeholders import CAP_PLACEHOLDERS, placeholders_in
-from service.policy.schema import Policy
+from service.policy.schema import Policy, Service
 
 # Fields whose change alters the process a service runs: applying such a change restarts
 # the service at once, drained (docs/policy.md, "Applying a changed policy"). Everything
 # else takes effect in place.
 RESTART_FIELDS = frozenset({"kind", "command", "env", "cwd", "health", "gpus", "span"})
+
+
+def process_defining(service: Service) -> dict[str, Any]:
+    """What defines the process ``service`` runs: ``RESTART_FIELDS``, the split of a span
+    instance, and the cap and first model where its command or env carries them
+    (``${CAP_*}``, ``${MODEL}``). Applying a change of any restarts the service; a
+    runtime a previous daemon left is adopted only if none changed (``process_identity``)."""
+    dump = service.model_dump(mode="json")
+    defining = {key: dump[key] for key in sorted(RESTART_FIELDS)}
+    defining["memory.split"] = dump["memory"]["split"]
+    carried = {
+        p for text in [*service.command, *service.env.values()] for p in placeholders_in(text)
+    }
+    if carried & CAP_PLACEHOLDERS:
+        defining["memory.cap"] = dump["memory"]["cap"]
+    if "MODEL" in carried:
+        defining["model"] = service.models[0]
+    return defining
+
+
+def process_identity(service: Service) -> str:
+    """A SHA-256 of ``process_defining``: recorded with each instance, compared at adoption."""
+    text = json.dumps(process_defining(service), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class ServiceChange(BaseModel):
@@ -77,19 +103,9 @@ def diff_policies(old: Policy | None, new: Policy) -> PolicyDiff:
         after = new.services[name].model_dump(mode="json")
         fields = _changed_fields(before, after)
         if fields:
-            top = {key.split(".")[0] for key in fields}
-            cap_in_args = any(
-                p in CAP_PLACEHOLDERS
-                for text in [*new.services[name].command, *new.services[name].env.values()]
-                for p in placeholders_in(text)
-            )
-            restart = (
-                bool(top & RESTART_FIELDS)
-                or ("memory.cap" in fields and cap_in_args)
-                # A span instance's devices are charged by its split: a new split is a
-                # new placement.
-                or any(key.startswith("memory.split") for key in fields)
-            )
+            # A span instance's devices are charged by its split: a new split is a new
+            # placement, so it counts as a new process too.
+            restart = process_defining(old_services[name]) != process_defining(new.services[name])
             diff.changed.append(ServiceChange(name=name, fields=fields, restart=restart))
     old_windows = {w.name: w for w in old.maintenance.windows} if old else {}
     new_windows = {w.name: w for w in new.maintenance.windows}

@@ -87,6 +87,9 @@ class ServerConfig(_Strict):
     stream_idle_timeout: Annotated[Duration, Field(gt=0)] = 300.0
     # Off unless set; read when the daemon starts (a change needs a restart).
     ollama: OllamaConfig | None = None
+    # On SIGTERM, leave every ready runtime running for the next daemon to adopt instead
+    # of stopping it (docs/operations.md, "Restarts and upgrades"); also --keep-runtimes.
+    keep_runtimes_on_exit: StrictBool = False
 
 
 class DeviceConfig(_Strict):

@@ -42,6 +42,7 @@ from service.scheduler.actions import (
 from service.scheduler.core import Scheduler
 from service.scheduler.events import (
     Event,
+    InstanceAdopted,
     InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
@@ -87,6 +88,7 @@ __all__ = [
     "Event",
     "Explanation",
     "Grant",
+    "InstanceAdopted",
     "InstanceAsleep",
     "InstanceBackoff",
     "InstanceFailed",

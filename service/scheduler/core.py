@@ -61,6 +61,7 @@ from service.scheduler.admission import ClockText
 from service.scheduler.book import Book
 from service.scheduler.events import (
     Event,
+    InstanceAdopted,
     InstanceAsleep,
     InstanceBackoff,
     InstanceFailed,
@@ -167,6 +168,8 @@ class Scheduler:
                 self._on_request_gone(event.request_id, finished=True)
             case InstanceReady():
                 self._on_ready(event)
+            case InstanceAdopted():
+                self._on_adopted(event)
             case InstanceBackoff():
                 self._on_backoff(event)
             case InstanceFailed():
@@ -272,6 +275,19 @@ class Scheduler:
                 svc.last_used = self._book.now
             svc.error = None
             svc.crashed = False
+
+    def _on_adopted(self, event: InstanceAdopted) -> None:
+        """Resident and ready at once, charged its expected peak until measured."""
+        svc = self._book.services.get(event.service)
+        if svc is None or svc.state is not S.STOPPED or not event.devices:
+            return
+        svc.state = S.READY
+        svc.devices = event.devices
+        svc.measured = 0
+        svc.measured_by_device = {}
+        svc.started_at = svc.last_used = self._book.now
+        svc.asleep_on = svc.asleep_since = None
+        svc.error = None
 
     def _on_backoff(self, event: InstanceBackoff) -> None:
         svc = self._book.services.get(event.service)

@@ -42,6 +42,16 @@ class InstanceReady:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceAdopted:
+    """A runtime a previous daemon started is this daemon's now, ready on ``devices``:
+    resident from this moment, with no load (docs/operations.md, "Restarts and
+    upgrades")."""
+
+    service: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceBackoff:
     """The instance crashed or failed to start and may be retried.
 
@@ -187,6 +197,7 @@ Event = (
     | RequestCancelled
     | RequestFinished
     | InstanceReady
+    | InstanceAdopted
     | InstanceBackoff
     | InstanceFailed
     | InstanceStopped

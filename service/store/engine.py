@@ -33,6 +33,7 @@ from typing import Any
 
 import alembic.command
 import alembic.config
+import alembic.script
 import alembic.util
 import sqlalchemy.exc
 from sqlalchemy import Engine, create_engine, event, text
@@ -288,9 +289,34 @@ def _migrate(engine: Engine) -> None:
             "migrations directory of this vramd"
         )
     config = _alembic_config(engine.url.render_as_string(hide_password=False))
+    _refuse_downgrade(engine, config)
     with engine.connect() as connection:
         config.attributes["connection"] = connection
         alembic.command.upgrade(config, "head")
+
+
+def _refuse_downgrade(engine: Engine, config: alembic.config.Config) -> None:
+    """A schema this vramd does not know was written by a newer one: refuse before
+    anything changes (docs/operations.md, "Restarts and upgrades")."""
+    with engine.connect() as connection:
+        has_version = connection.execute(
+            text("SELECT 1 FROM sqlite_master WHERE type='table' AND name='alembic_version'")
+        ).first()
+        if has_version is None:
+            return
+        found = [
+            row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))
+        ]
+    scripts = alembic.script.ScriptDirectory.from_config(config)
+    known = {script.revision for script in scripts.walk_revisions()}
+    unknown = [revision for revision in found if revision not in known]
+    if unknown:
+        raise StoreError(
+            f"database {engine.url.database} was written by a newer vramd (schema "
+            f"{', '.join(unknown)}; this vramd knows up to {scripts.get_current_head()}): "
+            "a downgrade is refused and nothing was changed, runtimes included; run the "
+            "newer vramd, or point --db at another file"
+        )
 
 
 def _check_writable(engine: Engine) -> None:

@@ -33,6 +33,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -166,6 +167,14 @@ class InstanceRecord(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     reaped: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What the next daemon needs to adopt it (migration 0003).
+    identity: Mapped[str | None] = mapped_column(String(64))
+    argv: Mapped[list[str] | None] = mapped_column(JSONValue)
+    devices: Mapped[list[int] | None] = mapped_column(JSONValue)
+    output: Mapped[str | None] = mapped_column(String(4096))
+    asleep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    vramd_version: Mapped[str | None] = mapped_column(String(32))
+    adopted_at: Mapped[float | None] = mapped_column(Float)
 
 
 class Event(Base):

@@ -27,12 +27,19 @@ def record_instance_spawn(
     port: int,
     device: int | None,
     started_at: float,
+    identity: str | None = None,
+    argv: list[str] | None = None,
+    devices: list[int] | None = None,
+    output: str | None = None,
+    vramd_version: str | None = None,
 ) -> int:
     """Record a process the moment it is spawned; returns the instance id.
 
     Written before the runtime is ready so that a daemon crash during a slow load still
-    leaves enough (pid, start time) for the next daemon to reap it. ``id`` is the one
-    the store writer counted (see ``last_ids``); without it SQLite picks the next.
+    leaves enough (pid, start time) for the next daemon to reap it, and enough
+    (``identity``, ``argv``, ``devices``, ``output``) for it to adopt the runtime instead.
+    ``id`` is the one the store writer counted (see ``last_ids``); without it SQLite
+    picks the next.
     """
     record = InstanceRecord(
         id=id,
@@ -44,6 +51,11 @@ def record_instance_spawn(
         device=device,
         started_at=started_at,
         reaped=False,
+        identity=identity,
+        argv=argv,
+        devices=devices,
+        output=output,
+        vramd_version=vramd_version,
     )
     session.add(record)
     session.flush()
@@ -52,6 +64,18 @@ def record_instance_spawn(
 
 def record_instance_ready(session: Session, *, instance_id: int, ready_at: float) -> None:
     _instance(session, instance_id).ready_at = ready_at
+    session.flush()
+
+
+def record_instance_adopted(session: Session, *, instance_id: int, adopted_at: float) -> None:
+    """A daemon adopted the instance a previous one started (its row goes on)."""
+    _instance(session, instance_id).adopted_at = adopted_at
+    session.flush()
+
+
+def record_instance_asleep(session: Session, *, instance_id: int, asleep: bool) -> None:
+    """Put to sleep or woken: a sleeper left behind by a daemon is not adopted."""
+    _instance(session, instance_id).asleep = asleep
     session.flush()
 
 

@@ -5,6 +5,7 @@ Modules::
     logs.py         LogRing: the bounded ring of a runtime's output lines
     environment.py  runtime_environment: the minimal environment a runtime inherits
     process.py      ProcessLauncher / RuntimeProcess: spawn in a new session, signal the group
+    output.py       OutputFiles / OutputFollower: a runtime's output files, followed into its ring
     backoff.py      RestartPolicy / RestartTracker: restart delays and give-up, pure
     instance.py     Instance: the lifecycle state of one runtime, its restarts, its API
     run.py          ProcessRun: one process from spawn to reaped (health wait, stop, kill)
@@ -16,7 +17,10 @@ from service.supervisor.backoff import RestartDecision, RestartPolicy, RestartTr
 from service.supervisor.environment import runtime_environment
 from service.supervisor.instance import Instance, StartFailed
 from service.supervisor.logs import LineSplitter, LogLine, LogRing
+from service.supervisor.output import OutputFiles, OutputFollower
 from service.supervisor.process import (
+    EXIT_UNKNOWN,
+    AdoptedProcess,
     ChildProcess,
     ProcessLauncher,
     RuntimeProcess,
@@ -29,6 +33,8 @@ from service.supervisor.run import LaunchSpec, ProcessRun, RunEnd, RunResult
 from service.supervisor.settle import wait_settled
 
 __all__ = [
+    "EXIT_UNKNOWN",
+    "AdoptedProcess",
     "ChildProcess",
     "Instance",
     "LaunchSpec",
@@ -36,6 +42,8 @@ __all__ = [
     "LogLine",
     "LogRing",
     "OrphanRecord",
+    "OutputFiles",
+    "OutputFollower",
     "ProcessLauncher",
     "ProcessRun",
     "ReapOutcome",

@@ -43,7 +43,7 @@ from service.supervisor.backoff import (
     RestartTracker,
 )
 from service.supervisor.logs import LogRing
-from service.supervisor.process import ProcessLauncher
+from service.supervisor.process import ProcessLauncher, RuntimeProcess
 from service.supervisor.run import (
     HealthOk,
     LaunchSpec,
@@ -106,6 +106,8 @@ class Instance:
         self._backoff_due: float | None = None
         self._restarts = 0
         self._last_failure: RestartDecision | None = None
+        self._adopted = False
+        self._detached = False
 
     # -- what the owner reads ---------------------------------------------------------
 
@@ -134,6 +136,16 @@ class Instance:
         return "\n".join(
             line.text for line in self.log.tail(self.log.max_lines, since=self._run.log_mark)
         )
+
+    @property
+    def adopted(self) -> bool:
+        """The current process was started by a previous daemon and adopted by this one."""
+        return self._adopted and self._run is not None and self._run.proc is not None
+
+    @property
+    def detached(self) -> bool:
+        """The last process was left running (``detach``), not ended."""
+        return self._detached
 
     @property
     def last_error(self) -> str | None:
@@ -243,6 +255,31 @@ class Instance:
             self._tracker.reset()
         await asyncio.shield(self._begin(spec, reason))
 
+    def adopt(self, proc: RuntimeProcess, spec: LaunchSpec, reason: str) -> None:
+        """STOPPED → STARTING → READY at once for a process a previous daemon started and
+        that answers its health now: no spawn, no load (``load_s`` stays None). From here
+        on it is supervised like any: stopped, restarted when it dies, detached."""
+        check_transition(self._state, S.STARTING)
+        self._tracker.reset()
+        self._adopted, self._detached = True, False
+        self._load_s = None
+        self._set_state(S.STARTING, reason)
+        run = self._new_run(spec, adopted=proc)
+        self._run_task = asyncio.create_task(self._supervise(run, self._started_future()))
+        self._run_task.add_done_callback(self._task_done)
+
+    async def detach(self, reason: str) -> bool:
+        """Leave a READY process running when the daemon exits, for the next daemon to
+        adopt; its run ends (READY → STOPPED) without a signal. False, and nothing done,
+        in any other state."""
+        if self._state is not S.READY or self._run is None:
+            return False
+        self._stop_reason = reason
+        self._run.request_detach()
+        if self._run_task is not None:
+            await asyncio.shield(self._run_task)
+        return True
+
     def begin_draining(self, reason: str) -> None:
         """READY → DRAINING: take no new work; the owner stops it when in-flight is 0."""
         self._set_state(S.DRAINING, reason)
@@ -293,7 +330,15 @@ class Instance:
     def _begin(self, spec: LaunchSpec, reason: str) -> asyncio.Future[None]:
         self._set_state(S.STARTING, reason)
         self._backoff_until = None
-        run = ProcessRun(
+        self._adopted = self._detached = False
+        run = self._new_run(spec)
+        started = self._started_future()
+        self._run_task = asyncio.create_task(self._supervise(run, started))
+        self._run_task.add_done_callback(self._task_done)
+        return started
+
+    def _new_run(self, spec: LaunchSpec, adopted: RuntimeProcess | None = None) -> ProcessRun:
+        self._run = ProcessRun(
             spec,
             launcher=self._launcher,
             clock=self._clock,
@@ -301,25 +346,30 @@ class Instance:
             log=self.log,
             on_ready=self._became_ready,
             kill_timeout_s=self._kill_timeout_s,
+            adopted=adopted,
         )
-        self._run = run
+        return self._run
+
+    def _started_future(self) -> asyncio.Future[None]:
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Nobody awaits a restart's start: read its exception so asyncio does not
         # report it as never retrieved.
         started.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._started = started
-        self._run_task = asyncio.create_task(self._supervise(run, started))
-        self._run_task.add_done_callback(self._task_done)
         return started
 
     def _became_ready(self) -> None:
-        """Called by the current run, synchronously, when health first answers 2xx."""
+        """Called by the current run, synchronously, when health first answers 2xx (or
+        at once, for an adopted process)."""
         run, started = self._run, self._started
-        assert run is not None and started is not None and run.load_s is not None
+        assert run is not None and started is not None
         self._load_s = run.load_s
         self._ready_at = self._clock.now()
         self._tracker.on_ready(self._clock.monotonic())
-        self._set_state(S.READY, f"ready after {run.load_s:.1f}s")
+        if run.load_s is None:
+            self._set_state(S.READY, "adopted: it answers its health check")
+        else:
+            self._set_state(S.READY, f"ready after {run.load_s:.1f}s")
         started.set_result(None)
 
     async def _supervise(self, run: ProcessRun, started: asyncio.Future[None]) -> None:
@@ -342,7 +392,10 @@ class Instance:
         if result.error:
             self._last_error = result.error
         error = result.error
-        if result.survived_kill:
+        if result.end is RunEnd.DETACHED:
+            self._detached = True
+            self._set_state(S.STOPPED, self._stop_reason)
+        elif result.survived_kill:
             # A restart would compete with a process the kernel cannot end.
             self._set_state(S.FAILED, error)
         elif self._state is S.STOPPING:

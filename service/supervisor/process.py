@@ -1,4 +1,4 @@
-"""Starting a runtime as a child process group, and the one object that signals it.
+"""Starting a runtime as a process group of its own, and the one object that signals it.
 
 Every runtime runs in a session (and so a process group) of its own, created by
 ``start_new_session=True``. Runtimes fork: llama.cpp's RPC workers, vLLM's engine core
@@ -9,15 +9,16 @@ startup reaper (``reaper.py``) uses for whatever a crashed daemon left behind. A
 session also detaches the runtime from the daemon's terminal, so a Ctrl-C meant for
 ``vramd serve`` does not kill runtimes behind the supervisor's back.
 
-The launcher does not use the stream wrapper ``asyncio.create_subprocess_exec``: that
-wrapper's ``Process.wait()`` only returns once every pipe is closed, so a grandchild that
-inherited stdout would hide the runtime's exit (and a crash) for as long as it lives.
-Here the exit is seen when the leader exits, output arrives through callbacks (no reader
-tasks to leak, no 64 KiB ``readline`` limit), and the pipes are closed explicitly. Where
-the kernel has pidfds (Linux 5.3+) the runtime is started with ``subprocess.Popen``
-(vfork, not a fork of the whole daemon), its exit watched on a pidfd and its pipes read
-on the loop (``PidfdChild``); elsewhere ``loop.subprocess_exec`` with a protocol of our
-own does the same (``TransportChild``).
+Nothing a runtime needs depends on the daemon's process (docs/operations.md, "Restarts
+and upgrades"): its output goes to files (``output.py``), not pipes; no parent-death
+signal is set; its group is its own. So a runtime outlives a daemon that crashed or was
+told to leave it running, and the next daemon can adopt it (``AdoptedProcess``): the same
+signalling, its exit seen on a pidfd (a pidfd works for any process, not only children;
+only the exit status is then unknown), its output followed from the same files.
+
+A spawned runtime's exit is watched on a pidfd (Linux 5.3+), or by a thread blocked in
+``waitpid`` elsewhere. ``subprocess.Popen`` forks with vfork, not a fork of the whole
+daemon.
 
 Commands are argv lists and never go through a shell (docs/operations.md, "Security
 defaults").
@@ -30,15 +31,18 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO, Any, Protocol, cast
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
 
 import psutil
 
 from service.clock import Clock, SystemClock
 from service.errors import VramdError
-from service.supervisor.logs import LineSplitter, LogRing, Stream
+from service.supervisor.logs import LogRing
+from service.supervisor.output import OutputFiles, OutputFollower
 
 
 def _pidfds_work() -> bool:
@@ -51,6 +55,10 @@ def _pidfds_work() -> bool:
 
 
 PIDFD = _pidfds_work()
+
+# The exit status of a process vramd did not start (an adopted runtime): the kernel tells
+# it only to the parent. No real status is this value (0..255, or -1..-64 for a signal).
+EXIT_UNKNOWN = -1000
 
 
 class SpawnError(VramdError):
@@ -84,8 +92,17 @@ class RuntimeProcess(Protocol):
         """Signal every process in the group; a group that is already gone is not an error."""
         ...
 
+    @property
+    def output(self) -> OutputFiles | None:
+        """Where it writes its output (None where it has no files)."""
+        ...
+
     async def close(self, timeout_s: float = 1.0) -> None:
-        """Let output still in flight reach the log (up to ``timeout_s``), then release it."""
+        """Read the last of its output into the log, then release it (its files too)."""
+        ...
+
+    def detach(self) -> None:
+        """Let go of it without signalling: it runs on for the next daemon to adopt."""
         ...
 
 
@@ -106,10 +123,18 @@ class ProcessLauncher(Protocol):
 
 
 class SubprocessLauncher:
-    """The real launcher; the clock stamps the log lines."""
+    """The real launcher; the clock stamps the log lines, ``output_dir`` holds the
+    runtimes' output files (a fresh temporary directory if not given)."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, output_dir: Path | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._output_dir = output_dir
+
+    @property
+    def output_dir(self) -> Path:
+        if self._output_dir is None:
+            self._output_dir = Path(tempfile.mkdtemp(prefix="vramd-output-"))
+        return self._output_dir
 
     async def spawn(
         self,
@@ -121,44 +146,45 @@ class SubprocessLauncher:
     ) -> RuntimeProcess:
         if not argv:
             raise SpawnError("cannot start a runtime: the command is empty")
-        loop = asyncio.get_running_loop()
         # Compared with kernel start times, so real wall time; a second early because
         # psutil derives those from a boot time rounded to whole seconds.
         launched_at = time.time() - 1.0
-        options: dict[str, Any] = {
-            "stdin": subprocess.DEVNULL,
-            "stdout": subprocess.PIPE,
-            "stderr": subprocess.PIPE,
-            "env": dict(env),
-            "cwd": cwd,
-            "start_new_session": True,
-        }
         try:
-            if PIDFD:
-                # Popen forks with vfork; uvloop's subprocess_exec forks the whole daemon
-                # (20 ms and more of page tables, on the path of every cold start).
-                popen = subprocess.Popen(list(argv), **options)
-            else:
-                transport, protocol = await loop.subprocess_exec(
-                    lambda: _ChildProtocol(log, self._clock, loop), *argv, **options
-                )
+            files = OutputFiles.create(self.output_dir, Path(argv[0]).name)
+            stdout, stderr = files.open_for_runtime()
         except OSError as exc:
-            raise SpawnError(_describe_spawn_error(argv[0], cwd, exc)) from exc
-        pid = popen.pid if PIDFD else transport.get_pid()
+            raise SpawnError(f"cannot create the output files of {argv[0]!r}: {exc}") from exc
         try:
-            start_time = psutil.Process(pid).create_time()
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            files.remove()
+            raise SpawnError(_describe_spawn_error(argv[0], cwd, exc)) from exc
+        finally:
+            os.close(stdout)
+            os.close(stderr)
+        try:
+            start_time = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             # Already exited and reaped. Any group member it left was created after
             # launched_at, so the reaper's "created at or after" test still finds them.
             start_time = launched_at
-        if PIDFD:
-            return await PidfdChild.watch(popen, log, self._clock, start_time)
-        return TransportChild(transport, protocol, pid=pid, start_time=start_time)
+        follower = OutputFollower(files, log, self._clock.now)
+        return SpawnedProcess(popen, start_time, follower)
 
 
 def describe_exit(returncode: int, stderr_tail: str) -> str:
     """``exited with code 1: CUDA error: out of memory`` / ``killed by signal SIGSEGV``."""
-    if returncode < 0:
+    if returncode == EXIT_UNKNOWN:
+        head = "exited (its status is known only to the vramd that started it)"
+    elif returncode < 0:
         try:
             head = f"killed by signal {signal.Signals(-returncode).name}"
         except ValueError:
@@ -179,11 +205,14 @@ def _describe_spawn_error(program: str, cwd: str | None, exc: OSError) -> str:
 
 
 class ChildProcess:
-    """A runtime started by ``SubprocessLauncher``; pgid == pid (its own session)."""
+    """A runtime vramd signals: pgid == pid (its own session)."""
 
-    def __init__(self, *, pid: int, start_time: float) -> None:
+    def __init__(self, *, pid: int, start_time: float, follower: OutputFollower | None) -> None:
         self._pid = pid
         self._start_time = start_time
+        self._follower = follower
+        loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[int] = loop.create_future()
 
     @property
     def pid(self) -> int:
@@ -197,96 +226,9 @@ class ChildProcess:
     def proc_start_time(self) -> float:
         return self._start_time
 
-    def send_signal_group(self, sig: int) -> None:
-        # After the leader is reaped the group id stays reserved while any member lives,
-        # so signalling it then still reaches only our leftovers.
-        if self.pgid <= 1:  # killpg(0 or 1) would hit the daemon's own group or init's
-            raise ValueError(f"refusing to signal process group {self.pgid}")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, sig)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} pid={self._pid}>"
-
-
-class TransportChild(ChildProcess):
-    """Started by the loop's ``subprocess_exec`` (where pidfds are not available)."""
-
-    def __init__(
-        self,
-        transport: asyncio.SubprocessTransport,
-        protocol: _ChildProtocol,
-        *,
-        pid: int,
-        start_time: float,
-    ) -> None:
-        super().__init__(pid=pid, start_time=start_time)
-        self._transport = transport
-        self._protocol = protocol
-
     @property
-    def returncode(self) -> int | None:
-        return self._transport.get_returncode()
-
-    async def wait(self) -> int:
-        await asyncio.shield(self._protocol.exited)
-        code = self._transport.get_returncode()
-        assert code is not None
-        return code
-
-    async def close(self, timeout_s: float = 1.0) -> None:
-        await _drain(self._protocol.finished, timeout_s)
-        self._protocol.flush()
-        self._transport.close()
-
-
-class PidfdChild(ChildProcess):
-    """Started by ``subprocess.Popen``; its exit is seen on a pidfd, its output on pipes
-    the loop reads (Linux 5.3 and later)."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, start_time: float) -> None:
-        super().__init__(pid=popen.pid, start_time=start_time)
-        self._popen = popen
-        self._pidfd: int | None = pidfd
-        loop = asyncio.get_running_loop()
-        self.exited: asyncio.Future[int] = loop.create_future()
-        self._pipes: list[_PipeReader] = []
-        loop.add_reader(pidfd, self._reap)
-
-    @classmethod
-    async def watch(
-        cls, popen: subprocess.Popen[bytes], log: LogRing, clock: Clock, start_time: float
-    ) -> PidfdChild:
-        child = cls(popen, os.pidfd_open(popen.pid), start_time)
-        loop = asyncio.get_running_loop()
-        pipes: tuple[tuple[Stream, IO[bytes] | None], ...] = (
-            ("stdout", popen.stdout),
-            ("stderr", popen.stderr),
-        )
-        for stream, pipe in pipes:
-            assert pipe is not None  # Popen was asked for both pipes
-            child._pipes.append(_PipeReader(pipe, LineSplitter(stream, log, clock.now), loop))
-        return child
-
-    def _reap(self) -> None:
-        """The pidfd is readable: the leader has exited; reap it (nobody else does)."""
-        try:
-            pid, status = os.waitpid(self._pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: its status is lost
-            pid, status = self._pid, 255 << 8
-        if pid == 0:
-            return
-        code = os.waitstatus_to_exitcode(status)
-        self._popen.returncode = code  # so Popen never waits for it again
-        self._forget_pidfd()
-        if not self.exited.done():
-            self.exited.set_result(code)
-
-    def _forget_pidfd(self) -> None:
-        if self._pidfd is not None:
-            asyncio.get_running_loop().remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
+    def output(self) -> OutputFiles | None:
+        return self._follower.files if self._follower is not None else None
 
     @property
     def returncode(self) -> int | None:
@@ -295,107 +237,134 @@ class PidfdChild(ChildProcess):
     async def wait(self) -> int:
         return await asyncio.shield(self.exited)
 
+    def send_signal_group(self, sig: int) -> None:
+        # After the leader is reaped the group id stays reserved while any member lives,
+        # so signalling it then still reaches only our leftovers.
+        if self.pgid <= 1:  # killpg(0 or 1) would hit the daemon's own group or init's
+            raise ValueError(f"refusing to signal process group {self.pgid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
     async def close(self, timeout_s: float = 1.0) -> None:
-        for reader in self._pipes:
-            await _drain(reader.finished, timeout_s)
-            reader.close()
-        if self._pidfd is not None and self.exited.done():
-            self._forget_pidfd()
+        self._stop_watching()
+        if self._follower is not None:
+            self._follower.close(remove=self.exited.done())
+            self._follower = None
+
+    def detach(self) -> None:
+        self._stop_watching()
+        if self._follower is not None:
+            self._follower.close(remove=False)
+            self._follower = None
+
+    def _exit_seen(self, code: int) -> None:
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    def _stop_watching(self) -> None:
+        """Stop watching for the exit (overridden where there is something to release)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} pid={self._pid}>"
 
 
-async def _drain(finished: asyncio.Future[None], timeout_s: float) -> None:
-    """Wait (up to ``timeout_s``) for output still in flight: a member that left the
-    group (its own setsid) may hold the pipes forever."""
-    if not finished.done():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+class SpawnedProcess(ChildProcess):
+    """A runtime this daemon started: its child, so its exit status is known."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], start_time: float, follower: OutputFollower
+    ) -> None:
+        super().__init__(pid=popen.pid, start_time=start_time, follower=follower)
+        self._popen = popen
+        self._watch = _ExitWatch(popen.pid, self._reap)
+
+    def _reap(self) -> None:
+        """The leader has exited: reap it (nobody else does) and say how it ended."""
+        try:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its status is lost
+            pid, status = self._pid, 255 << 8
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = code  # so Popen never waits for it again
+        self._watch.close()
+        self._exit_seen(code)
+
+    def _stop_watching(self) -> None:
+        self._watch.close()
 
 
-class _PipeReader:
-    """One of a ``PidfdChild``'s pipes, read on the loop: its bytes become log lines.
+class AdoptedProcess(ChildProcess):
+    """A runtime a previous daemon started, taken over by this one.
 
-    It owns its descriptor and closes it exactly once. Not ``loop.connect_read_pipe``:
-    uvloop's pipe transport closes a file object's descriptor twice (libuv closes it,
-    then the transport closes the file object), and a file another thread opened in
-    between under the same number -- the sampler's /proc reads, the store's database --
-    is closed under it.
+    It is not our child: its exit is seen on a pidfd (or by polling where there is
+    none), and its exit status is ``EXIT_UNKNOWN``.
     """
 
-    def __init__(self, pipe: IO[bytes], splitter: LineSplitter, loop: asyncio.AbstractEventLoop):
-        self._fd: int | None = os.dup(pipe.fileno())  # ours alone; the copy is closed now
-        pipe.close()
-        os.set_blocking(self._fd, False)
-        self._splitter = splitter
-        self._loop = loop
-        self.finished: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(self._fd, self._readable)
+    def __init__(self, *, pid: int, start_time: float, follower: OutputFollower | None) -> None:
+        super().__init__(pid=pid, start_time=start_time, follower=follower)
+        self._watch = _ExitWatch(pid, lambda: self._gone(), child=False)
 
-    def _readable(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            data = os.read(self._fd, 65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data:
-            self._splitter.feed(data)
+    def _gone(self) -> None:
+        self._watch.close()
+        self._exit_seen(EXIT_UNKNOWN)
+
+    def _stop_watching(self) -> None:
+        self._watch.close()
+
+
+class _ExitWatch:
+    """Calls ``on_exit`` on the loop once ``pid`` has exited.
+
+    A pidfd becomes readable when the process exits, whoever its parent is. Without
+    pidfds: a child is waited for by a thread, any other process polled.
+    """
+
+    def __init__(self, pid: int, on_exit: Callable[[], None], *, child: bool = True) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pid = pid
+        self._fd: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._on_exit = on_exit
+        if PIDFD:
+            try:
+                self._fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._loop.call_soon(on_exit)
+                return
+            self._loop.add_reader(self._fd, on_exit)
+        elif child:
+            self._loop.run_in_executor(None, _wait_quietly, pid).add_done_callback(
+                lambda _: self._loop.call_soon_threadsafe(on_exit)
+            )
         else:
-            self.close()  # end of file: every writer has exited
+            self._timer = self._loop.call_later(POLL_EXIT_S, self._poll)
+
+    def _poll(self) -> None:
+        try:
+            alive = psutil.Process(self._pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if alive:
+            self._timer = self._loop.call_later(POLL_EXIT_S, self._poll)
+        else:
+            self._on_exit()
 
     def close(self) -> None:
-        """Stop reading, close the descriptor and flush a last unterminated line."""
         if self._fd is not None:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
             self._fd = None
-        self._splitter.flush()
-        if not self.finished.done():
-            self.finished.set_result(None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
-class _ChildProtocol(asyncio.SubprocessProtocol):
-    """Turns pipe data into log lines and the child's exit into futures."""
+POLL_EXIT_S = 0.5
 
-    def __init__(self, log: LogRing, clock: Clock, loop: asyncio.AbstractEventLoop) -> None:
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.finished: asyncio.Future[None] = loop.create_future()
-        self._transport: asyncio.SubprocessTransport | None = None
-        self._splitters = {
-            1: LineSplitter("stdout", log, clock.now),
-            2: LineSplitter("stderr", log, clock.now),
-        }
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transport (uvicorn runs on uvloop) implements the SubprocessTransport
-        # interface without subclassing it, so no isinstance check here.
-        self._transport = cast(asyncio.SubprocessTransport, transport)
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        splitter = self._splitters.get(fd)
-        if splitter is not None:
-            splitter.feed(data.encode() if isinstance(data, str) else data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        splitter = self._splitters.get(fd)
-        if splitter is not None:
-            splitter.flush()
-
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # Exited and every pipe closed: release the transport now, as asyncio's own
-        # stream protocol does, so nothing waits for the garbage collector.
-        if not self.exited.done():
-            self.exited.set_result(None)
-        if not self.finished.done():
-            self.finished.set_result(None)
-        if self._transport is not None:
-            self._transport.close()
-
-    def flush(self) -> None:
-        for splitter in self._splitters.values():
-            splitter.flush()
+def _wait_quietly(pid: int) -> None:
+    """Block until child ``pid`` can be reaped, without reaping it (``_reap`` does)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)

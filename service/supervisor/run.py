@@ -97,6 +97,7 @@ class RunEnd(enum.Enum):
     NOT_READY = "not-ready"  # the startup timeout passed; the group was killed
     ABORTED = "aborted"  # on_spawned failed; the group was killed
     NO_PROCESS = "no-process"  # the spawn itself failed
+    DETACHED = "detached"  # let go of, still running, for the next daemon to adopt
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ class RunResult:
 
     @property
     def survived_kill(self) -> bool:
-        return self.end is not RunEnd.NO_PROCESS and self.returncode is None
+        return self.end not in (RunEnd.NO_PROCESS, RunEnd.DETACHED) and self.returncode is None
 
 
 class ProcessRun:
@@ -121,9 +122,13 @@ class ProcessRun:
         log: LogRing,
         on_ready: Callable[[], None],
         kill_timeout_s: float,
+        adopted: RuntimeProcess | None = None,
     ) -> None:
+        """``adopted``: a process a previous daemon started and that already answers;
+        the run watches it from its first moment as ready, with no spawn and no load."""
         self.spec = spec
-        self.proc: RuntimeProcess | None = None  # until reaped
+        self.proc: RuntimeProcess | None = adopted  # until reaped
+        self._adopted = adopted
         self.started_at: float | None = None
         self.load_s: float | None = None
         self._launcher = launcher
@@ -134,6 +139,7 @@ class ProcessRun:
         self._on_ready = on_ready
         self._kill_timeout_s = kill_timeout_s
         self._stop = asyncio.Event()
+        self._detach = False
         self._stop_timeout_s = 0.0
         self._health = "no answer yet"
         self._line_heard = asyncio.Event()  # this process printed its ready line
@@ -145,8 +151,16 @@ class ProcessRun:
             self._stop_timeout_s = timeout_s
             self._stop.set()
 
+    def request_detach(self) -> None:
+        """Let go of the process without signalling it (the daemon leaves it running)."""
+        if not self._stop.is_set():
+            self._detach = True
+            self._stop.set()
+
     async def run(self) -> RunResult:
         try:
+            if self._adopted is not None:
+                return await self._watch_adopted(self._adopted)
             return await self._run()
         except BaseException:
             # Cancelled (the loop is shutting down) or a bug: leave nothing running.
@@ -175,12 +189,30 @@ class ProcessRun:
         if end is None and not self._stop.is_set():
             self.load_s = self._clock.monotonic() - t0
             self._on_ready()
-            await _first({RunEnd.STOPPED: self._stop.wait(), RunEnd.EXITED: proc.wait()})
-            end = RunEnd.EXITED
+            return await self._until_end(proc)
         if self._stop.is_set():
-            return await self._terminate(proc)
+            return await self._stopped(proc)
         assert end is not None
         return await self._ended(proc, end)
+
+    async def _watch_adopted(self, proc: RuntimeProcess) -> RunResult:
+        self.started_at = self._clock.now()
+        self._on_ready()
+        return await self._until_end(proc)
+
+    async def _until_end(self, proc: RuntimeProcess) -> RunResult:
+        """A ready process: until it exits, or a stop or detach is asked."""
+        await _first({RunEnd.STOPPED: self._stop.wait(), RunEnd.EXITED: proc.wait()})
+        if self._stop.is_set():
+            return await self._stopped(proc)
+        return await self._ended(proc, RunEnd.EXITED)
+
+    async def _stopped(self, proc: RuntimeProcess) -> RunResult:
+        if not self._detach:
+            return await self._terminate(proc)
+        proc.detach()
+        self.proc = None
+        return RunResult(RunEnd.DETACHED, None, "")
 
     async def _until_ready(self, proc: RuntimeProcess) -> RunEnd | None:
         """None once health says ready; otherwise why the start ended."""

@@ -33,7 +33,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +194,7 @@ def start_daemon(
     ready: bool = True,
     env: dict[str, str] | None = None,
     host: str | None = None,
+    args: Sequence[str] = (),
 ) -> Daemon:
     """Start ``vramd serve`` on ``workdir/policy.yaml`` (the caller stops it).
 
@@ -213,6 +214,7 @@ def start_daemon(
             "--db",
             str(workdir / "vramd.db"),
             *(["--host", host] if host else []),
+            *args,
         ],
         cwd=REPO_ROOT,
         stdout=log,

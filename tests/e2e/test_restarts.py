@@ -1,0 +1,251 @@
+"""Restarts of the daemon that keep the runtimes (docs/operations.md, "Restarts and
+upgrades"), through real ``vramd serve`` processes and real demo runtimes: a runtime
+outlives a killed daemon and the next one adopts it; one that no longer fits (its command
+changed, its pid went to another program, it does not answer) is stopped with the reason;
+an adopted runtime is supervised like any; ``--keep-runtimes`` leaves them for the next
+daemon; a database from a newer vramd is refused with nothing touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from support.daemon import Daemon, demo_command, policy_yaml, start_daemon, stop_daemon
+
+CHAT = {
+    "kind": "chat",
+    "models": ["m-chat"],
+    "command": demo_command("60MiB"),
+    "memory": {"estimate": "100MiB", "cap": "300MiB"},
+    "residency": "pinned",
+    "priority": 300,
+    "stop_timeout": "2s",
+    "restart": {"max_retries": 3, "backoff": "0.1s", "max_backoff": "0.5s"},
+}
+EMBED = {
+    "kind": "embedding",
+    "models": ["m-embed"],
+    "command": demo_command("40MiB"),
+    "memory": {"estimate": "80MiB"},
+    "residency": "on-demand",
+    "stop_timeout": "2s",
+}
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def ask(daemon: Daemon, model: str = "m-chat") -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return daemon.post("/v1/chat/completions", json=body, timeout=30).status_code
+
+
+def loads(daemon: Daemon) -> list[dict[str, Any]]:
+    return daemon.events(kind="load", limit=5000)
+
+
+@contextmanager
+def killed_daemon(workdir: Path, services: dict[str, Any]) -> Iterator[dict[str, int]]:
+    """A daemon that loaded ``services`` and was killed with SIGKILL: yields each
+    service's runtime pid; whatever is still alive at the end is killed."""
+    (workdir / "policy.yaml").write_text(policy_yaml(services))
+    first = start_daemon(workdir)
+    pids: dict[str, int] = {}
+    try:
+        for name in services:
+            if services[name].get("residency") != "pinned":
+                model = services[name]["models"][0]
+                body = {"model": model, "input": "x"}
+                assert first.post("/v1/embeddings", json=body, timeout=30).status_code == 200
+            first.wait_for(lambda n=name: first.service(n)["state"] == "ready")
+            pids[name] = first.service(name)["pid"]
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        first.client.close()
+        yield pids
+    finally:
+        for pid in pids.values():
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def not_adopted(daemon: Daemon, pid: int) -> dict[str, Any]:
+    found = [e for e in daemon.events(kind="not-adopted") if e["data"]["pid"] == pid]
+    assert found, daemon.events(limit=50)
+    return found[0]
+
+
+def test_runtimes_outlive_a_killed_daemon_and_the_next_one_adopts_them_without_a_load(
+    tmp_path: Path,
+) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT, "embed": EMBED}) as pids:
+        assert all(alive(pid) for pid in pids.values()), "a runtime died with its daemon"
+        second = start_daemon(tmp_path)
+        try:
+            for name, pid in pids.items():
+                second.wait_for(lambda n=name: second.service(n)["state"] == "ready")
+                svc = second.service(name)
+                assert svc["pid"] == pid and svc["adopted"] is True
+            assert loads(second) == [] or all(
+                e["ts"] < min(a["ts"] for a in second.events(kind="adopted")) for e in loads(second)
+            ), "the second daemon loaded nothing"
+            adopted = {e["data"]["pid"] for e in second.events(kind="adopted")}
+            assert adopted == set(pids.values())
+            assert ask(second) == 200
+            # Its output is followed from the same files: the request's log line is there.
+            second.wait_for(
+                lambda: any(
+                    "/v1/chat/completions" in line["text"]
+                    for line in second.get("/api/services/chat/logs").json()["lines"]
+                )
+            )
+            # Measured from the first samples on, as any instance.
+            second.wait_for(lambda: second.service("chat")["footprint_bytes"] > 50 * 2**20)
+            ps = subprocess.run(
+                [sys.executable, "-m", "service.cli", "ps"],
+                env={**os.environ, "VRAMD_URL": second.url},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert "ready (adopted)" in ps.stdout, ps.stdout
+        finally:
+            stop_daemon(second)
+        assert not alive(pids["chat"]) and not alive(pids["embed"]), "SIGTERM stops adopted ones"
+
+
+def test_a_runtime_whose_command_changed_while_the_daemon_was_down_is_stopped_not_adopted(
+    tmp_path: Path,
+) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT}) as pids:
+        changed = dict(CHAT, command=[*demo_command("60MiB"), "--chunks", "2"])
+        (tmp_path / "policy.yaml").write_text(policy_yaml({"chat": changed}))
+        second = start_daemon(tmp_path)
+        try:
+            assert not alive(pids["chat"]), "stopped before the new daemon serves"
+            event = not_adopted(second, pids["chat"])
+            assert "command" in event["data"]["why"] and event["data"]["reaped"] is True
+            second.wait_for(lambda: second.service("chat")["state"] == "ready")
+            assert second.service("chat")["pid"] != pids["chat"]
+            assert second.service("chat")["adopted"] is False
+        finally:
+            stop_daemon(second)
+
+
+def test_a_recorded_pid_that_now_belongs_to_another_program_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT}) as pids:
+        os.killpg(pids["chat"], signal.SIGKILL)
+        stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        try:
+            with sqlite3.connect(tmp_path / "vramd.db") as db:
+                db.execute(
+                    "update instances set pid = ?, pgid = ? where pid = ?",
+                    (stranger.pid, stranger.pid, pids["chat"]),
+                )
+            db.close()
+            second = start_daemon(tmp_path)
+            try:
+                event = not_adopted(second, stranger.pid)
+                assert "another program" in event["data"]["why"]
+                assert event["data"]["reaped"] is False
+                assert stranger.poll() is None, "a stranger with a recycled pid is never signalled"
+                second.wait_for(lambda: second.service("chat")["state"] == "ready")
+            finally:
+                stop_daemon(second)
+        finally:
+            stranger.kill()
+            stranger.wait()
+
+
+def test_a_runtime_that_does_not_answer_its_health_check_is_stopped_not_adopted(
+    tmp_path: Path,
+) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT}) as pids:
+        os.kill(pids["chat"], signal.SIGSTOP)  # alive, the same process, silent
+        second = start_daemon(tmp_path)
+        try:
+            event = not_adopted(second, pids["chat"])
+            assert "health" in event["data"]["why"] and event["data"]["reaped"] is True
+            assert not alive(pids["chat"])
+            second.wait_for(lambda: second.service("chat")["state"] == "ready")
+        finally:
+            stop_daemon(second)
+
+
+def test_an_adopted_runtime_that_dies_is_restarted_like_any(tmp_path: Path) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT}) as pids:
+        second = start_daemon(tmp_path)
+        try:
+            second.wait_for(lambda: second.service("chat")["adopted"] is True)
+            os.killpg(pids["chat"], signal.SIGKILL)
+            second.wait_for(
+                lambda: (
+                    second.service("chat")["state"] == "ready"
+                    and second.service("chat")["pid"] not in (None, pids["chat"])
+                )
+            )
+            states = [e["data"]["to"] for e in second.events(service="chat", kind="state")]
+            assert "backoff" in states, states
+            assert second.service("chat")["adopted"] is False
+            assert ask(second) == 200
+        finally:
+            stop_daemon(second)
+
+
+def test_keep_runtimes_leaves_them_running_for_the_next_daemon(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(policy_yaml({"chat": CHAT}))
+    first = start_daemon(tmp_path, args=["--keep-runtimes"])
+    first.wait_for(lambda: first.service("chat")["state"] == "ready")
+    pid = first.service("chat")["pid"]
+    try:
+        first.proc.send_signal(signal.SIGTERM)  # not stop_daemon: it kills the tree
+        assert first.proc.wait(20) in (0, -signal.SIGTERM)
+        first.client.close()
+        assert alive(pid), "--keep-runtimes leaves the ready runtime running"
+        assert "left running: chat" in first.output()
+        second = start_daemon(tmp_path)
+        try:
+            second.wait_for(lambda: second.service("chat")["state"] == "ready")
+            assert second.service("chat")["pid"] == pid and second.service("chat")["adopted"]
+            assert ask(second) == 200
+        finally:
+            stop_daemon(second)
+        assert not alive(pid), "a plain SIGTERM stops it"
+    finally:
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_database_from_a_newer_vramd_is_refused_and_nothing_is_touched(
+    tmp_path: Path,
+) -> None:
+    with killed_daemon(tmp_path, {"chat": CHAT}) as pids:
+        with sqlite3.connect(tmp_path / "vramd.db") as db:
+            db.execute("update alembic_version set version_num = '9999'")
+        db.close()
+        refused = start_daemon(tmp_path, ready=False)
+        code = refused.proc.wait(30)
+        refused.client.close()
+        assert code == 1
+        assert "newer vramd" in refused.output() and "downgrade" in refused.output()
+        assert alive(pids["chat"]), "a refused start touches no runtime"
+        with sqlite3.connect(tmp_path / "vramd.db") as db:
+            assert db.execute("select version_num from alembic_version").fetchall() == [("9999",)]
+            live = db.execute("select count(*) from instances where stopped_at is null").fetchone()
+        db.close()
+        assert live == (1,), "its rows are as the dead daemon left them"
