@@ -57,6 +57,7 @@ from service.supervisor import ProcessLauncher, SubprocessLauncher
 from service.swapstate import StateKeeper
 
 log = logging.getLogger("vramd")
+HANDOVER_ID_GAP = 100_000
 
 
 @dataclass
@@ -326,7 +327,8 @@ async def _start_daemon(
         )
         probe = probe or create_probe(policy.device.backend, policy.device.gpus)
         log.info("device backend: %s", probe.backend)
-        writer = StoreWriter(store)
+        # A daemon being replaced writes the last of its rows beside ours.
+        writer = StoreWriter(store, id_gap=HANDOVER_ID_GAP if settings.replacing else 0)
         writer.start()
     except BaseException:
         store.close()

@@ -53,6 +53,15 @@ class RequestRejected(VramdError):
         self.retry_after = retry_after
 
 
+class HandedOver(RequestRejected):
+    """A new daemon has taken over (``--replace``): the request goes to it, not answered
+    here; 503 only where a route cannot forward it."""
+
+    status = 503
+    code = "handed_over"
+    error_type = "server_error"
+
+
 class ModelNotFound(RequestRejected):
     status = 404
     code = "model_not_found"

@@ -18,14 +18,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Generator, Sequence
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from service.domain import InstanceState as S
+from service.errors import StoreError
+from service.handover import ControlPoint, Handing, Predecessor
+from service.store.lock import DatabaseLock
+
 log = logging.getLogger("vramd.server")
+# After a hand-over: how long an idle kept-alive connection is left open for a next
+# request (answered with Connection: close), and the bound on the whole wait.
+IDLE_GRACE_S = 1.0
+LEAVE_TIMEOUT_S = 60.0
 
 
 class CompanionServer(uvicorn.Server):
@@ -37,16 +52,29 @@ class CompanionServer(uvicorn.Server):
 
 
 class DaemonServer(uvicorn.Server):
+    """``listener``: the daemon's listening socket (bound, or handed over by the daemon
+    it replaces, ``predecessor``); ``database`` names its control socket."""
+
     def __init__(
         self,
         app: FastAPI,
         config: uvicorn.Config,
         companions: Sequence[tuple[CompanionServer, socket.socket]] = (),
+        *,
+        listener: socket.socket,
+        database: Path,
+        predecessor: Predecessor | None = None,
     ) -> None:
         super().__init__(config)
         self._app = app
         self._companions = list(companions)
         self._companion_tasks: list[asyncio.Task[None]] = []
+        self._listener = listener
+        self._database = database
+        self._predecessor = predecessor
+        self._control: ControlPoint | None = None
+        self._leaving: asyncio.Task[None] | None = None
+        self.started_at = time.monotonic()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         daemon = getattr(self._app.state, "daemon", None)
@@ -67,18 +95,119 @@ class DaemonServer(uvicorn.Server):
             runner.run(self._serve_all())
 
     async def _serve_all(self) -> None:
-        main = asyncio.create_task(self.serve())
+        main = asyncio.create_task(self.serve(sockets=[self._listener]))
         while not self.started and not main.done():
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
         if self.started:
             for server, sock in self._companions:
                 task = asyncio.create_task(server.serve(sockets=[sock]))
                 task.add_done_callback(_report_failure)
                 self._companion_tasks.append(task)
+            await self._took_over()
         try:
             await main
         finally:
             await self._stop_companions()
+            if self._control is not None:
+                await self._control.close()
+
+    async def _took_over(self) -> None:
+        """Serving: tell the daemon replaced (and systemd), open our own control socket."""
+        while self._companions and not all(c.started for c, _ in self._companions):
+            await asyncio.sleep(0.01)
+        pid = os.getpid()
+        if self._predecessor is not None:
+            self._predecessor.serving()
+            log.info(
+                "took over from pid %d: sockets after %.0f ms, serving %.0f ms after start",
+                self._predecessor.pid, self._predecessor.waited_s * 1000,
+                (time.monotonic() - self.started_at) * 1000,
+            )  # fmt: skip
+            notify_systemd(f"MAINPID={pid}\nREADY=1")
+        else:
+            notify_systemd("READY=1")
+        self._control = ControlPoint(self._database, self._handing())
+        await self._control.open()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, self._spawn_successor)
+
+    def _all_servers(self) -> list[uvicorn.Server]:
+        return [self, *(c for c, _ in self._companions)]
+
+    async def _leave_when_idle(self) -> None:
+        """Handed over: every connection still open closes after its next answer
+        (``Connection: close``); one idle for ``IDLE_GRACE_S`` is closed by the server's
+        exit. Closing a kept-alive connection at once would reset a client whose next
+        request is already on its way."""
+        idle_since: dict[object, float] = {}
+        deadline = time.monotonic() + LEAVE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            now, waiting = time.monotonic(), False
+            for server in self._all_servers():
+                for conn in list(server.server_state.connections):
+                    cycle = getattr(conn, "cycle", None)
+                    if cycle is not None and not cycle.response_complete:
+                        cycle.keep_alive = False
+                        idle_since.pop(conn, None)
+                        waiting = True
+                    elif now - idle_since.setdefault(conn, now) < IDLE_GRACE_S:
+                        waiting = True
+            if not waiting:
+                break
+            await asyncio.sleep(0.02)
+        for server in self._all_servers():
+            server.should_exit = True
+
+    def _spawn_successor(self) -> None:
+        """SIGUSR2 (``systemctl reload``): start ``vramd serve --replace`` with our own
+        arguments; it takes over through the control socket."""
+        argv = [sys.executable, *sys.orig_argv[1:]]
+        if "--replace" not in argv:
+            argv.append("--replace")
+        log.info("SIGUSR2: starting a new vramd to take over: %s", " ".join(argv))
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+    def _handing(self) -> Handing:
+        daemon = self._app.state.daemon
+        orchestrator = daemon.orchestrator
+        keep = orchestrator.keep_runtimes
+
+        async def quiesce(timeout_s: float) -> str:
+            deadline = time.monotonic() + timeout_s
+            while busy := [
+                rt.name
+                for rt in orchestrator.runtimes.values()
+                if rt.instance.state in (S.STARTING, S.STOPPING, S.DRAINING)
+            ]:
+                if time.monotonic() >= deadline:
+                    return f"{', '.join(busy)} still starting or stopping after {timeout_s:g}s"
+                await asyncio.sleep(0.02)
+            return ""
+
+        async def flush() -> None:
+            await daemon.writer.flushed(timeout=10.0)
+
+        def retake_lock() -> None:
+            try:
+                daemon.lock = DatabaseLock(self._database)
+            except StoreError as exc:
+                log.error("cannot take the database lock back: %s", exc)
+
+        def leave() -> None:
+            orchestrator.hand_over()  # from here on, requests not yet at a runtime go on
+            for server in self._all_servers():
+                for listening in server.servers:
+                    listening.close()
+            self._leaving = asyncio.create_task(self._leave_when_idle())
+
+        def abort() -> None:
+            orchestrator.keep_runtimes = keep
+
+        return Handing(
+            sockets=lambda: [self._listener, *(sock for _, sock in self._companions)],
+            quiesce=quiesce, release_lock=lambda: daemon.lock.release(), retake_lock=retake_lock,
+            flush=flush, leave=leave, abort=abort,
+        )  # fmt: skip
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._stop_companions()
@@ -110,3 +239,14 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def notify_systemd(message: str) -> None:
+    """Tell systemd (``Type=notify``) we are ready, or that a new main process serves."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(message.encode(), address)

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     # On SIGTERM, leave ready runtimes running for the next daemon (``--keep-runtimes``;
     # the policy's ``server.keep_runtimes_on_exit`` does the same).
     keep_runtimes: bool = False
+    # Taking over from a running daemon (``--replace``): set by ``vramd serve``.
+    replacing: bool = False
 
 
 class ClientSettings(BaseSettings):

@@ -28,6 +28,7 @@ from service.units import format_duration, format_size
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from service.handover import Predecessor
     from service.server import CompanionServer
 
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
@@ -117,6 +118,13 @@ def serve(
             help="On SIGTERM leave ready runtimes running for the next vramd to adopt.",
         ),
     ] = False,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="Take over from the vramd serving the same database, without a gap.",
+        ),
+    ] = False,
 ) -> None:
     """Run the daemon."""
     import uvicorn
@@ -125,8 +133,9 @@ def serve(
     from service.server import DaemonServer
 
     settings = _settings(
-        config=config, host=host, port=port, db=db, keep_runtimes=keep_runtimes or None
-    )
+        config=config, host=host, port=port, db=db, keep_runtimes=keep_runtimes or None,
+        replacing=replace or None,
+    )  # fmt: skip
     policy, _ = read_policy_or_exit(settings.config)
     address = server_address(settings, policy)
     problem = refuse_unsafe_bind(address.host, policy)
@@ -134,21 +143,25 @@ def serve(
         err.print(problem)
         raise typer.Exit(EXIT_FAILED)
     configure_logging(settings.log_level)
+    predecessor = _take_over(address.database) if replace else None
     preflight_database(address.database)
     application = create_app(settings)
+    handed = list(predecessor.sockets) if predecessor is not None else []
+    listener = handed.pop(0) if handed else _bind_or_exit(address.host, address.port)
     companions: list[tuple[CompanionServer, socket.socket]] = []
     if policy.server.ollama is not None:
-        companions.append(_ollama_listener(application, address.host, policy, settings))
+        companions.append(_ollama_listener(application, address.host, policy, settings, handed[:1]))
     server = DaemonServer(
         application,
         uvicorn.Config(
             application,
-            host=address.host,
-            port=address.port,
             log_level=settings.log_level,
             timeout_graceful_shutdown=30,
         ),
         companions,
+        listener=listener,
+        database=address.database,
+        predecessor=predecessor,
     )
     logging.getLogger("uvicorn.access").addFilter(drop_answered_scrapes)
     with logging_off_the_loop("vramd", "uvicorn", "uvicorn.access"):
@@ -157,18 +170,46 @@ def serve(
         raise typer.Exit(EXIT_FAILED)
 
 
+def _take_over(database: Path) -> Predecessor | None:
+    """``--replace``: the sockets of the daemon serving ``database``; None if none runs."""
+    from service.handover import HandoverRefused, ask_to_hand_over
+
+    try:
+        predecessor = ask_to_hand_over(database)
+    except HandoverRefused as exc:
+        err.print(f"vramd cannot take over: {exc}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    if predecessor is None:
+        logging.getLogger("vramd").info("no vramd serves %s: starting afresh", database)
+    return predecessor
+
+
+def _bind_or_exit(host: str, port: int) -> socket.socket:
+    from service.server import bind_listener
+
+    try:
+        return bind_listener(host, port)
+    except OSError as exc:
+        err.print(f"vramd cannot listen on {host}:{port}: {exc.strerror or exc}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
 def _ollama_listener(
-    application: FastAPI, host: str, policy: Policy, settings: Settings
+    application: FastAPI,
+    host: str,
+    policy: Policy,
+    settings: Settings,
+    handed: list[socket.socket],
 ) -> tuple[CompanionServer, socket.socket]:
     """The Ollama-compatible listener (``server.ollama``), its port bound now so that a
     port in use is one clear line and exit 1 before anything starts."""
-    import uvicorn
 
-    from service.api.ollama import create_ollama_app
-    from service.server import CompanionServer, bind_listener
+    from service.server import bind_listener
 
     assert policy.server.ollama is not None
     port = policy.server.ollama.port
+    if handed:
+        return _ollama_server(application, settings), handed[0]
     try:
         sock = bind_listener(host, port)
     except OSError as exc:
@@ -178,14 +219,22 @@ def _ollama_listener(
             markup=False,
         )
         raise typer.Exit(EXIT_FAILED) from None
-    ollama_app = create_ollama_app(application)
+    return _ollama_server(application, settings), sock
+
+
+def _ollama_server(application: FastAPI, settings: Settings) -> CompanionServer:
+    import uvicorn
+
+    from service.api.ollama import create_ollama_app
+    from service.server import CompanionServer
+
     config = uvicorn.Config(
-        ollama_app,
+        create_ollama_app(application),
         log_level=settings.log_level,
         timeout_graceful_shutdown=30,
         lifespan="off",
     )
-    return CompanionServer(config), sock
+    return CompanionServer(config)
 
 
 def preflight_database(path: Path) -> None:

@@ -4,6 +4,7 @@ orchestrator.py     Orchestrator: the pump (events in, actions out) and policy a
 effects.py          KernelEffects: spawn, stop, wait for memory, answer waiters
 swap_steps.py       SwapSteps: how long each step of a stop and a start took (swap events)
 sleeping.py         SleepMode: evicting a runtime by putting it to sleep (vLLM)
+policy_reload.py    SIGHUP: the policy file applied again
 takeover.py         adopting (or reaping) what a previous daemon left running
 routing.py          each service's route table and request shapes, per policy
 tickets.py          Tickets: operators awaiting the answer to load, unload, restart

@@ -22,6 +22,7 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.domain import Flag, InstanceState
 from service.errors import (
+    HandedOver,
     InsufficientCapacity,
     InvalidRequest,
     ModelNotFound,
@@ -35,6 +36,7 @@ from service.health.healthz import Health
 from service.kernel import views
 from service.kernel.background import BackgroundTasks
 from service.kernel.effects import Counters, KernelEffects
+from service.kernel.policy_reload import reload_policy_file
 from service.kernel.routing import native_routes, route_tables
 from service.kernel.takeover import take_over_previous_daemon
 from service.kernel.tickets import Tickets
@@ -118,6 +120,7 @@ class Orchestrator:
         self._closing = False
         # Closing leaves ready runtimes running: asked to, or handed over (``--replace``).
         self.keep_runtimes = settings.keep_runtimes or policy.server.keep_runtimes_on_exit
+        self.handing_over = False
         # Called with each newly installed policy (the app refreshes keys and limits).
         self.policy_listeners: list[Callable[[Policy], None]] = []
 
@@ -183,6 +186,14 @@ class Orchestrator:
             "requests in flight may finish within their service's stop_timeout",
         )
         self.feed(ShutdownRequested())
+
+    def hand_over(self) -> None:
+        """A new daemon serves (``--replace``): what waits goes to it, runtimes stay."""
+        self.handing_over = self.keep_runtimes = True
+        waiting = self._waiters.ids()
+        self._waiters.hand_over_all()
+        for request_id in waiting:
+            self.feed(RequestCancelled(request_id))
 
     async def close(self) -> None:
         """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
@@ -287,23 +298,7 @@ class Orchestrator:
     def reload_policy_file(self) -> None:
         """SIGHUP: apply the policy file again, in the background (a signal handler
         cannot wait); an invalid file is reported and ignored."""
-        self._loops.spawn(self._reload_policy_file(), "SIGHUP policy reload")
-
-    async def _reload_policy_file(self) -> None:
-        path = self._settings.config
-        try:
-            result = await self.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
-        except (OSError, UnicodeDecodeError) as exc:
-            self.events.record("policy-error", f"SIGHUP: cannot read {path}: {exc}")
-        except PolicyError as exc:
-            self.events.record(
-                "policy-error",
-                f"SIGHUP: {path} is invalid; nothing changed: {exc}",
-                data={"errors": [issue.as_dict() for issue in exc.issues]},
-            )
-        else:
-            if not result["changed"]:
-                self.events.record("policy", f"SIGHUP: {path} unchanged")
+        self._loops.spawn(reload_policy_file(self, self._settings.config), "SIGHUP reload")
 
     # ------------------------------------------------------------- for the proxy
 
@@ -341,6 +336,8 @@ class Orchestrator:
         incident records: what the service was asked just before it ran out of memory.
         """
         request_id = request_id or uuid.uuid4().hex
+        if self.handing_over:
+            raise HandedOver("a new vramd serves", retry_after=0)
         if self._closing:
             raise InsufficientCapacity("vramd is shutting down", retry_after=5)
         rt = self.runtimes[service]

@@ -18,6 +18,7 @@ import httpx
 
 from service.adapters.base import NativeRoute
 from service.errors import (
+    HandedOver,
     InsufficientCapacity,
     ModelNotFound,
     QueueFull,
@@ -166,6 +167,11 @@ class Waiters:
     def refuse_all(self, message: str, *, retry_after: float) -> None:
         for request_id in list(self._waiting):
             self.refuse(request_id, InsufficientCapacity(message, retry_after=retry_after))
+
+    def hand_over_all(self) -> None:
+        """A new daemon took over: every waiter goes to it (``HandedOver``)."""
+        for request_id in list(self._waiting):
+            self.refuse(request_id, HandedOver("a new vramd serves", retry_after=0))
 
 
 __all__ = ["REJECTIONS", "Lease", "LeaseProvider", "Outcome", "Waiter", "Waiters"]

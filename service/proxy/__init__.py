@@ -5,4 +5,5 @@ request.py   ClientRequest, ProxyConfig, Translator: what a router hands the pro
 watchers.py  around one exchange: client hang-up, runtime silence, delayed ACKs
 dialects.py  the client's API dialect (OpenAI, Responses, Anthropic, Ollama): errors
 message_start.py  MessageStart: the opening event an Anthropic stream lacked, put back
+successor.py      relay_to_successor: a request the old daemon forwards after a hand-over
 """

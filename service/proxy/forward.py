@@ -61,11 +61,12 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.errors import RequestRejected, RuntimeFailed, RuntimeTimeout
+from service.errors import HandedOver, RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.live.leases import Lease, LeaseProvider, Outcome
 from service.proxy.dialects import ANTHROPIC
 from service.proxy.message_start import MessageStart
 from service.proxy.request import ClientRequest, ProxyConfig, new_request_id
+from service.proxy.successor import relay_to_successor
 from service.proxy.watchers import Acker, DisconnectWatch, Silence
 
 log = logging.getLogger("vramd.proxy")
@@ -137,6 +138,9 @@ class ProxyResponse(Response):
                     request_id=self._request_id,
                     request_info=dict(self._request.shape),
                 )
+            except HandedOver:
+                await relay_to_successor(scope, send, self._request.body)
+                return
             except RequestRejected as exc:
                 reply = self._request.dialect.reply(exc)
                 reply.headers["X-Vramd-Service"] = self._service

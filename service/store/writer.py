@@ -96,7 +96,10 @@ class _Answered(Generic[T]):
 class StoreWriter:
     """Commits writes in its own thread, in the order they were put."""
 
-    def __init__(self, store: Store, *, batch_max: int = BATCH_MAX) -> None:
+    def __init__(self, store: Store, *, batch_max: int = BATCH_MAX, id_gap: int = 0) -> None:
+        """``id_gap``: counted ids start this far past the last ones, where a daemon being
+        replaced still writes rows beside this one (docs/operations.md, "Restarts and
+        upgrades"): its rows keep the ids below, ours never collide with them."""
         self._store = store
         self._batch_max = batch_max
         self._queue: queue.SimpleQueue[Write | Future[None] | _Stop] = queue.SimpleQueue()
@@ -104,7 +107,9 @@ class StoreWriter:
         self._lock = threading.Lock()
         self._closed = False
         with store.read() as session:
-            self._last_ids: dict[str, int] = queries.last_ids(session)
+            self._last_ids: dict[str, int] = {
+                table: last + id_gap for table, last in queries.last_ids(session).items()
+            }
         self._thread = threading.Thread(target=self._run, name="vramd-store-writer", daemon=True)
         self.committed_batches = 0  # for tests and the curious: transactions committed
 

@@ -8,16 +8,19 @@ daemon; a database from a newer vramd is refused with nothing touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 from support.daemon import Daemon, demo_command, policy_yaml, start_daemon, stop_daemon
 
@@ -53,8 +56,10 @@ def ask(daemon: Daemon, model: str = "m-chat") -> int:
     return daemon.post("/v1/chat/completions", json=body, timeout=30).status_code
 
 
-def loads(daemon: Daemon) -> list[dict[str, Any]]:
-    return daemon.events(kind="load", limit=5000)
+def loads_since_adoption(daemon: Daemon) -> list[dict[str, Any]]:
+    """Loads recorded from the first adoption on (the database holds the old daemon's)."""
+    since = min(e["ts"] for e in daemon.events(kind="adopted", limit=5000))
+    return [e for e in daemon.events(kind="load", limit=5000) if e["ts"] >= since]
 
 
 @contextmanager
@@ -99,9 +104,7 @@ def test_runtimes_outlive_a_killed_daemon_and_the_next_one_adopts_them_without_a
                 second.wait_for(lambda n=name: second.service(n)["state"] == "ready")
                 svc = second.service(name)
                 assert svc["pid"] == pid and svc["adopted"] is True
-            assert loads(second) == [] or all(
-                e["ts"] < min(a["ts"] for a in second.events(kind="adopted")) for e in loads(second)
-            ), "the second daemon loaded nothing"
+            assert loads_since_adoption(second) == [], "the second daemon loaded nothing"
             adopted = {e["data"]["pid"] for e in second.events(kind="adopted")}
             assert adopted == set(pids.values())
             assert ask(second) == 200
@@ -249,3 +252,81 @@ def test_a_database_from_a_newer_vramd_is_refused_and_nothing_is_touched(
             live = db.execute("select count(*) from instances where stopped_at is null").fetchone()
         db.close()
         assert live == (1,), "its rows are as the dead daemon left them"
+
+
+def test_replace_under_streaming_traffic_answers_no_error_adopts_all_and_loads_nothing(
+    tmp_path: Path,
+) -> None:
+    streamed = dict(
+        CHAT, command=[*demo_command("60MiB"), "--chunks", "8", "--chunk-delay-ms", "30"]
+    )
+    (tmp_path / "policy.yaml").write_text(
+        policy_yaml({"chat": streamed, "embed": dict(EMBED, residency="pinned")})
+    )
+    old = start_daemon(tmp_path)
+    new: Daemon | None = None
+    failures: list[str] = []
+    done = threading.Event()
+    counts = {"ok": 0}
+
+    def client(kind: str) -> None:
+        with httpx.Client(base_url=old.url, timeout=30) as http:
+            while not done.is_set():
+                try:
+                    if kind == "embed":
+                        body = {"model": "m-embed", "input": "x"}
+                        r = http.post("/v1/embeddings", json=body)
+                        ok = r.status_code == 200
+                    else:
+                        body = {"model": "m-chat", "messages": [{"role": "user", "content": "hi"}],
+                                "stream": kind == "stream"}  # fmt: skip
+                        r = http.post("/v1/chat/completions", json=body)
+                        ok = r.status_code == 200 and (kind != "stream" or "[DONE]" in r.text)
+                    if not ok:
+                        failures.append(f"{kind}: {r.status_code} {r.text[:200]}")
+                    else:
+                        counts["ok"] += 1
+                except httpx.HTTPError as exc:
+                    failures.append(f"{kind}: {exc!r}")
+
+    try:
+        for name in ("chat", "embed"):
+            old.wait_for(lambda n=name: old.service(n)["state"] == "ready")
+        pids = {name: old.service(name)["pid"] for name in ("chat", "embed")}
+        threads = [
+            threading.Thread(target=client, args=(kind,))
+            for kind in ("stream", "stream", "stream", "chat", "chat", "embed", "embed", "embed")
+        ]
+        for thread in threads:
+            thread.start()
+        old.wait_for(lambda: counts["ok"] > 20)
+        new = start_daemon(tmp_path, port=old.port, args=["--replace"], ready=False)
+        assert old.proc.wait(30) == 0, old.output()[-3000:]
+        served_before = counts["ok"]
+        new.wait_for(lambda: counts["ok"] > served_before + 20)
+        done.set()
+        for thread in threads:
+            thread.join(30)
+        # Known gap (issue 36, open): one or two of the streams in flight at the
+        # hand-over may see a connection reset; no request gets an error answer.
+        resets = [f for f in failures if "Connection reset" in f or "ReadError" in f]
+        assert [f for f in failures if f not in resets] == [], failures[:5]
+        assert len(resets) <= 3, resets
+        for name, pid in pids.items():
+            assert new.service(name)["pid"] == pid and new.service(name)["adopted"]
+        assert loads_since_adoption(new) == [], "the new daemon loaded nothing"
+        assert "took over from pid" in new.output()
+    finally:
+        done.set()
+        if new is not None:
+            stop_daemon(new)
+        if old.proc.poll() is None:
+            stop_daemon(old)
+        else:
+            old.client.close()
+        for pid in psutil.pids():
+            with contextlib.suppress(psutil.Error):
+                if "service.demo_runtime" in " ".join(psutil.Process(pid).cmdline()) and str(
+                    tmp_path
+                ) in " ".join(psutil.Process(pid).environ().values()):
+                    os.kill(pid, signal.SIGKILL)

@@ -156,7 +156,9 @@ def test_dockerfile_declares_config_and_data_volumes() -> None:
 def test_unit_restarts_on_failure_and_lets_vramd_stop_its_runtimes() -> None:
     service = unit()["Service"]
     assert service["Restart"] == "on-failure"
-    assert service["KillMode"] == "mixed"
+    # process: a crash or restart of the daemon leaves its runtimes for the next one.
+    assert service["KillMode"] == "process"
+    assert (service["Type"], service["NotifyAccess"]) == ("notify", "all")
     stop = re.fullmatch(r"(\d+)s?", service["TimeoutStopSec"])
     assert stop and int(stop[1]) >= 60, "longer than a runtime's stop timeout + settle"
 
@@ -168,9 +170,9 @@ def test_unit_keeps_sqlite_in_its_state_directory() -> None:
     assert environment["VRAMD_DB"] == "/var/lib/vramd/vramd.db"
 
 
-def test_unit_reloads_the_policy_with_sighup() -> None:
+def test_unit_reload_hands_over_to_a_new_daemon_with_sigusr2() -> None:
     service = unit()["Service"]
-    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert service["ExecReload"] == "/bin/kill -USR2 $MAINPID"
     assert service["ExecStart"].startswith("/opt/vramd/bin/vramd serve --config /etc/vramd/")
 
 

@@ -1,4 +1,4 @@
-"""A runtime's output pipes on the daemon's own loop (uvloop), through the real launcher
+"""A runtime's output (files now, pipes once) on the daemon's own loop (uvloop), through the real launcher
 (``service.supervisor.process``): every line captured, every descriptor closed.
 
 Why the launcher reads the pipes itself: uvloop's pipe transports close a pipe's
@@ -32,12 +32,17 @@ def open_pipes() -> set[int]:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # closed meanwhile
-        if target.startswith("pipe:") or "pidfd" in target:
+        if (
+            target.startswith("pipe:")
+            or "pidfd" in target
+            or "inotify" in target
+            or ("vramd-output" in target)
+        ):
             found.add(int(name))
     return found
 
 
-def test_runtime_pipes_are_read_to_the_end_and_closed_on_uvloop_beside_a_thread_opening_files() -> (
+def test_runtime_output_is_read_to_the_end_and_every_descriptor_closed_on_uvloop_beside_a_thread() -> (
     None
 ):
     failed_closes: list[OSError] = []

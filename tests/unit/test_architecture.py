@@ -30,7 +30,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     5: ("kernel",),
     6: ("proxy",),
     7: ("api",),
-    8: ("app", "server", "cli", "gpucheck", "ui"),
+    8: ("app", "server", "handover", "cli", "gpucheck", "ui"),
 }  # fmt: skip
 LAYER_OF = {part: layer for layer, parts in LAYERS.items() for part in parts}
 # The pure scheduler sees values only.

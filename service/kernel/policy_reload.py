@@ -1,0 +1,28 @@
+"""SIGHUP: apply the policy file again; an invalid file is reported and changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from service.errors import PolicyError
+
+if TYPE_CHECKING:
+    from service.kernel.orchestrator import Orchestrator
+
+
+async def reload_policy_file(orchestrator: Orchestrator, path: Path) -> None:
+    events = orchestrator.events
+    try:
+        result = await orchestrator.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        events.record("policy-error", f"SIGHUP: cannot read {path}: {exc}")
+    except PolicyError as exc:
+        events.record(
+            "policy-error",
+            f"SIGHUP: {path} is invalid; nothing changed: {exc}",
+            data={"errors": [issue.as_dict() for issue in exc.issues]},
+        )
+    else:
+        if not result["changed"]:
+            events.record("policy", f"SIGHUP: {path} unchanged")
