@@ -1,5 +1,5 @@
-"""A runtime's output (files now, pipes once) on the daemon's own loop (uvloop), through the real launcher
-(``service.supervisor.process``): every line captured, every descriptor closed.
+"""A runtime's output (files now, pipes once) on the daemon's own loop (uvloop), through
+the real launcher (``service.supervisor.process``): every line captured, every descriptor closed.
 
 Why the launcher reads the pipes itself: uvloop's pipe transports close a pipe's
 descriptor twice (libuv closes it, then the transport closes the file object), so a file
@@ -42,9 +42,7 @@ def open_pipes() -> set[int]:
     return found
 
 
-def test_runtime_output_is_read_to_the_end_and_every_descriptor_closed_on_uvloop_beside_a_thread() -> (
-    None
-):
+def test_runtime_output_is_read_whole_and_every_descriptor_closed_beside_a_thread() -> None:
     failed_closes: list[OSError] = []
     done = threading.Event()
 
