@@ -289,7 +289,7 @@ class InThreadServer:
         import uvicorn
 
         from service.app import create_app
-        from service.server import DaemonServer
+        from service.server import DaemonServer, bind_listener
         from service.settings import Settings
 
         settings = Settings(
@@ -300,7 +300,10 @@ class InThreadServer:
             self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=30,
         )  # fmt: skip
-        self.server = DaemonServer(self.app, config)
+        self._listener = bind_listener("127.0.0.1", port)
+        self.server = DaemonServer(
+            self.app, config, listener=self._listener, database=workdir / "vramd.db"
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._before = _children()
         self._thread = threading.Thread(target=self._run, name=f"vramd:{port}", daemon=True)
@@ -320,7 +323,7 @@ class InThreadServer:
                 runner.close()
 
     async def _serve(self) -> None:
-        await self.server.serve()
+        await self.server.serve(sockets=[self._listener])
         await asyncio.sleep(0.2)  # let connections the peers closed finish closing
 
     @property
