@@ -12,7 +12,10 @@ daemon over (docs/operations.md, "Restarts and upgrades"):
    and says ``serving``.
 4. The old one stops accepting, forwards every request it has not yet sent to a runtime
    (queued, or arriving on a kept-alive connection) to the new one, lets the ones at a
-   runtime finish, and exits leaving its runtimes running.
+   runtime finish, and exits leaving its runtimes running. It tells the new one how many
+   of its requests each runtime still serves, as that changes: the new daemon holds as
+   many of the service's slots, so it neither overfills a runtime nor stops one that
+   still answers the old daemon.
 
 If the new daemon fails before it serves, the old one takes its lock back and goes on.
 """
@@ -28,8 +31,8 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ log = logging.getLogger("vramd.handover")
 # before it gives up the sockets, and this long for the new one to serve.
 QUIET_TIMEOUT_S = 120.0
 SERVING_TIMEOUT_S = 120.0
+IN_FLIGHT_POLL_S = 0.02
 
 
 def control_address(database: Path) -> str:
@@ -73,14 +77,49 @@ class Predecessor:
     sockets: list[socket.socket]
     pid: int
     waited_s: float
-    steps: dict[str, float] = field(default_factory=dict)
+    _buffer: bytes = b""
 
-    def serving(self) -> None:
-        """Tell the old daemon to stop accepting and leave; it exits on its own."""
-        with contextlib.suppress(OSError):
+    def serving(self) -> dict[str, int]:
+        """Tell the old daemon to stop accepting and leave (it exits on its own); returns
+        its requests still at a runtime, per service."""
+        try:
             _send(self.conn, {"op": "serving", "pid": os.getpid()})
+            self.conn.settimeout(10.0)
+            return self._counts(self._line())
+        except (OSError, ValueError):
+            return {}
+
+    async def in_flight(self) -> AsyncIterator[dict[str, int]]:
+        """The old daemon's requests at a runtime each time their number changes, down to
+        none (or until it is gone)."""
+        self.conn.settimeout(None)
+        while True:
+            try:
+                line = await asyncio.to_thread(self._line)
+                counts = self._counts(line)
+            except (OSError, ValueError):
+                counts = {}
+            yield counts
+            if not counts:
+                return
+
+    def _line(self) -> bytes:
+        while b"\n" not in self._buffer:
+            data = self.conn.recv(65536)
+            if not data:
+                raise ConnectionError("the old daemon is gone")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    @staticmethod
+    def _counts(line: bytes) -> dict[str, int]:
+        return {str(k): int(v) for k, v in json.loads(line).get("in_flight", {}).items()}
 
     def close(self) -> None:
+        """Let go of the control connection (``gone`` returns, in its thread, too)."""
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.conn.close()
 
@@ -129,6 +168,8 @@ class Handing:
     retake_lock: Callable[[], None]
     flush: Callable[[], Awaitable[None]]  # every record written before the new one reads
     leave: Callable[[], None]  # stop accepting, forward the rest, exit when idle
+    # Our requests still at a runtime, per service: the new daemon holds as many slots.
+    in_flight: Callable[[], dict[str, int]]
     abort: Callable[[], None]  # the new daemon failed: go on as before
 
 
@@ -204,6 +245,17 @@ class ControlPoint:
         log.info("pid %d serves: leaving", pid)
         self._kept.append(writer)  # closed by our exit: the new daemon sees us gone
         handing.leave()
+        last: dict[str, int] | None = None
+        with contextlib.suppress(OSError):
+            while True:
+                counts = handing.in_flight()
+                if counts != last:
+                    writer.write((json.dumps({"in_flight": counts}) + "\n").encode())
+                    await writer.drain()
+                    last = counts
+                if not counts:
+                    break
+                await asyncio.sleep(IN_FLIGHT_POLL_S)
 
 
 async def _reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

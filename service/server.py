@@ -32,8 +32,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.domain import InstanceState as S
-from service.errors import StoreError
+from service.errors import RequestRejected, StoreError
 from service.handover import ControlPoint, Handing, Predecessor
+from service.live.leases import Lease, Outcome
 from service.store.lock import DatabaseLock
 
 log = logging.getLogger("vramd.server")
@@ -41,6 +42,8 @@ log = logging.getLogger("vramd.server")
 # request (answered with Connection: close), and the bound on the whole wait.
 IDLE_GRACE_S = 1.0
 LEAVE_TIMEOUT_S = 60.0
+# How long the new daemon waits for a slot to hold for the replaced one's request.
+HOLD_WAIT_S = 1.0
 
 
 class CompanionServer(uvicorn.Server):
@@ -74,6 +77,7 @@ class DaemonServer(uvicorn.Server):
         self._predecessor = predecessor
         self._control: ControlPoint | None = None
         self._leaving: asyncio.Task[None] | None = None
+        self._holding: asyncio.Task[None] | None = None
         self.started_at = time.monotonic()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -110,6 +114,8 @@ class DaemonServer(uvicorn.Server):
             await self._stop_companions()
             if self._control is not None:
                 await self._control.close()
+            if self._predecessor is not None:
+                self._predecessor.close()
 
     async def _took_over(self) -> None:
         """Serving: tell the daemon replaced (and systemd), open our own control socket."""
@@ -117,7 +123,8 @@ class DaemonServer(uvicorn.Server):
             await asyncio.sleep(0.01)
         pid = os.getpid()
         if self._predecessor is not None:
-            self._predecessor.serving()
+            held = self._predecessor.serving()
+            self._holding = asyncio.create_task(self._hold_for_predecessor(held))
             log.info(
                 "took over from pid %d: sockets after %.0f ms, serving %.0f ms after start",
                 self._predecessor.pid, self._predecessor.waited_s * 1000,
@@ -131,14 +138,39 @@ class DaemonServer(uvicorn.Server):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, self._spawn_successor)
 
+    async def _hold_for_predecessor(self, held: dict[str, int]) -> None:
+        """Hold a slot for each request the replaced daemon still has at a runtime, each
+        let go as that request ends: no request beyond a runtime's concurrency, and no
+        stop of a runtime that still answers the old daemon."""
+        orchestrator = self._app.state.daemon.orchestrator
+        leases: dict[str, list[Lease]] = {}
+        for name, count in held.items():
+            rt = orchestrator.runtimes.get(name)
+            for i in range(min(count, rt.spec.max_concurrency) if rt is not None else 0):
+                with contextlib.suppress(TimeoutError, RequestRejected):
+                    lease = orchestrator.acquire(name, request_id=f"handover-{name}-{i}")
+                    leases.setdefault(name, []).append(await asyncio.wait_for(lease, HOLD_WAIT_S))
+        assert self._predecessor is not None
+        if not leases:
+            return
+        async for counts in self._predecessor.in_flight():
+            for name, kept in leases.items():
+                while len(kept) > counts.get(name, 0):
+                    # Never sent to a runtime by this daemon: not counted as a request.
+                    orchestrator.release(kept.pop(), outcome=Outcome.NOT_SENT)
+
     def _all_servers(self) -> list[uvicorn.Server]:
         return [self, *(c for c, _ in self._companions)]
 
     async def _leave_when_idle(self) -> None:
-        """Handed over: every connection still open closes after its next answer
-        (``Connection: close``); one idle for ``IDLE_GRACE_S`` is closed by the server's
-        exit. Closing a kept-alive connection at once would reset a client whose next
-        request is already on its way."""
+        """Handed over: wait until every connection is closed or idle for
+        ``IDLE_GRACE_S``, then exit (closing what is left).
+
+        A kept-alive connection's next request is relayed to the new daemon, answered
+        with ``Connection: close``, and the client's following one goes to the new
+        daemon. A connection is never closed, nor its keep-alive withdrawn, while an
+        answer is on its way: the client, told nothing, would send its next request on
+        it as it closes, and get a reset."""
         idle_since: dict[object, float] = {}
         deadline = time.monotonic() + LEAVE_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -147,7 +179,6 @@ class DaemonServer(uvicorn.Server):
                 for conn in list(server.server_state.connections):
                     cycle = getattr(conn, "cycle", None)
                     if cycle is not None and not cycle.response_complete:
-                        cycle.keep_alive = False
                         idle_since.pop(conn, None)
                         waiting = True
                     elif now - idle_since.setdefault(conn, now) < IDLE_GRACE_S:
@@ -200,13 +231,20 @@ class DaemonServer(uvicorn.Server):
                     listening.close()
             self._leaving = asyncio.create_task(self._leave_when_idle())
 
+        def in_flight() -> dict[str, int]:
+            counts = {
+                name: orchestrator.scheduler.service_view(name).in_flight
+                for name in orchestrator.runtimes
+            }
+            return {name: count for name, count in counts.items() if count}
+
         def abort() -> None:
             orchestrator.keep_runtimes = keep
 
         return Handing(
             sockets=lambda: [self._listener, *(sock for _, sock in self._companions)],
             quiesce=quiesce, release_lock=lambda: daemon.lock.release(), retake_lock=retake_lock,
-            flush=flush, leave=leave, abort=abort,
+            flush=flush, leave=leave, in_flight=in_flight, abort=abort,
         )  # fmt: skip
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
