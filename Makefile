@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real real-runtimes run-real bench-real lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
+.PHONY: run test test-fast test-real real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -78,6 +78,11 @@ run-real: $(VENV)/.installed
 
 # Cold start through vramd against the runtime started by hand, per runtime, and a swap
 # between two kinds: medians of 5 runs (docs/benchmarks.md, "Real runtimes").
+# A restart of the daemon under 8 clients, three ways: --replace, kill -9 and a new
+# daemon, SIGTERM and a new daemon (docs/benchmarks.md, "Restarts of the daemon").
+bench-restart: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.restart --rounds 3 --json bench/out/restart.json --markdown bench/out/restart.md
+
 bench-real: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.real --json bench/out/real.json --markdown bench/out/real.md
 

@@ -202,6 +202,7 @@ async def _proxied(
         dialect=OLLAMA,
         translator=OllamaAnswer(endpoint, asked),
         reply_headers=headers,
+        client_body=raw,
     )
     return ProxyResponse(leases=leases, service=served, request=client_request, config=config)
 

@@ -103,7 +103,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
             if upload
             else (config.max_json_body, "server.max_json_body")
         )
-        body = await read_body(request, limit, setting)
+        body = client_body = await read_body(request, limit, setting)
         content_type = request.headers.get("content-type", "")
         model, with_model, shape = find_model(body, content_type)
         routed = leases.resolve(model, route)
@@ -116,6 +116,7 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         client_request = ClientRequest(
             path=f"{routed.path}?{query}" if query else routed.path,
             body=body,
+            client_body=client_body if client_body is not body else None,
             headers=forwarded_headers(request.headers),
             model=model,
             with_model=with_model,

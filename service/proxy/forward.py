@@ -139,7 +139,9 @@ class ProxyResponse(Response):
                     request_info=dict(self._request.shape),
                 )
             except HandedOver:
-                await relay_to_successor(scope, send, self._request.body)
+                request = self._request
+                body = request.client_body if request.client_body is not None else request.body
+                await relay_to_successor(scope, send, body)
                 return
             except RequestRejected as exc:
                 reply = self._request.dialect.reply(exc)

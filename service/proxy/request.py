@@ -111,6 +111,9 @@ class ClientRequest:
     reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the client's answer
     # The content type of a successful answer, where the runtime labels it wrongly.
     answer_type: str | None = None
+    # The client's own bytes where ``body`` differs (set_params, a native route, the
+    # Ollama translation): what a hand-over relays to the new daemon (``successor.py``).
+    client_body: bytes | None = None
 
     def body_for(self, upstream_model: str | None) -> bytes:
         if upstream_model is None or self.model is None or upstream_model == self.model:

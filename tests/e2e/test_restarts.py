@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psutil
 from support.daemon import Daemon, demo_command, policy_yaml, start_daemon, stop_daemon
+from support.ports import free_port
 
 CHAT = {
     "kind": "chat",
@@ -258,11 +259,18 @@ def test_a_database_from_a_newer_vramd_is_refused_and_nothing_is_touched(
 def test_replace_under_streaming_traffic_fails_no_request_adopts_all_and_loads_nothing(
     tmp_path: Path,
 ) -> None:
-    streamed = dict(
-        CHAT, command=[*demo_command("60MiB"), "--chunks", "8", "--chunk-delay-ms", "30"]
-    )
+    chunks = ("--chunks", "8", "--chunk-delay-ms", "30")
+    streamed = dict(CHAT, command=[*demo_command("60MiB"), *chunks])
+    # A model name whose policy sets fields: the body sent on differs from the client's,
+    # and a request relayed after the hand-over must carry the client's own.
+    streamed["models"] = ["m-chat", "m-chat-hot"]
+    streamed["set_params"] = {"m-chat-hot": {"temperature": 1.5}}
+    ollama_port = free_port()
     (tmp_path / "policy.yaml").write_text(
-        policy_yaml({"chat": streamed, "embed": dict(EMBED, residency="pinned")})
+        policy_yaml(
+            {"chat": streamed, "embed": dict(EMBED, residency="pinned")},
+            extra=f"server:\n  ollama:\n    port: {ollama_port}\n",
+        )
     )
     old = start_daemon(tmp_path)
     new: Daemon | None = None
@@ -274,7 +282,12 @@ def test_replace_under_streaming_traffic_fails_no_request_adopts_all_and_loads_n
         with httpx.Client(base_url=old.url, timeout=30) as http:
             while not done.is_set():
                 try:
-                    if kind == "embed":
+                    if kind == "ollama":
+                        body = {"model": "m-chat-hot", "stream": False,
+                                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+                        r = http.post(f"http://127.0.0.1:{ollama_port}/api/chat", json=body)
+                        ok = r.status_code == 200 and r.json()["done"] is True
+                    elif kind == "embed":
                         body = {"model": "m-embed", "input": "x"}
                         r = http.post("/v1/embeddings", json=body)
                         ok = r.status_code == 200
@@ -296,7 +309,7 @@ def test_replace_under_streaming_traffic_fails_no_request_adopts_all_and_loads_n
         pids = {name: old.service(name)["pid"] for name in ("chat", "embed")}
         threads = [
             threading.Thread(target=client, args=(kind,))
-            for kind in ("stream", "stream", "stream", "chat", "chat", "embed", "embed", "embed")
+            for kind in ("stream", "stream", "stream", "chat", "ollama", "embed", "embed", "embed")
         ]
         for thread in threads:
             thread.start()
