@@ -290,8 +290,7 @@ async def _reap(
             instance_id=record.instance_id,
             data={"pid": record.pid, "pgid": record.pgid, "why": why, "reaped": reaped},
         )
-        if reaped:
-            _remove_output(record)
+        _remove_output(record)  # nobody reads them again, whether it was stopped or gone
 
 
 def _remove_output(record: Left) -> None:
