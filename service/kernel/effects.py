@@ -59,7 +59,13 @@ from service.scheduler import (
     StopSleeper,
 )
 from service.store import StoreWriter
-from service.supervisor import RuntimeProcess, StartFailed, wait_settled
+from service.supervisor import (
+    AdoptedProcess,
+    LaunchSpec,
+    RuntimeProcess,
+    StartFailed,
+    wait_settled,
+)
 from service.supervisor.backoff import LOOP_WINDOW_S
 from service.swapstate import StateKeeper
 
@@ -185,6 +191,21 @@ class KernelEffects:
 
     def resolve(self, action: Resolve) -> None:
         self._tickets.answer(action)
+
+    def adopt(
+        self,
+        rt: ServiceRuntime,
+        proc: AdoptedProcess,
+        spec: LaunchSpec,
+        instance_id: int,
+        devices: tuple[int, ...],
+    ) -> None:
+        """A runtime a previous daemon started becomes the service's instance, ready
+        at once (``kernel/takeover.py``); ``on_state`` then tells the scheduler."""
+        rt.instance_id = instance_id
+        rt.device, rt.devices = devices[0], devices
+        self._sampler.process_spawned(rt, proc.pid)
+        rt.instance.adopt(proc, spec, f"adopting pid {proc.pid} from a previous vramd")
 
     # ---------------------------------------------------------- carrying them out
 

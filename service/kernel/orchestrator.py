@@ -152,7 +152,7 @@ class Orchestrator:
         services."""
         await take_over_previous_daemon(
             store=self._store, writer=self._writer, events=self.events, clock=self._clock,
-            runtimes=self.runtimes, http=self.runtimes.http,
+            runtimes=self.runtimes, http=self.runtimes.http, adopt=self._effects.adopt,
         )  # fmt: skip
         await self.sampler.sample_once()
         rules, device_rule = rules_from_policy(self.policy)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -82,6 +83,11 @@ class Left:
         )  # fmt: skip
 
 
+# Makes an adopted process the service's instance: (runtime, process, its launch, its
+# instance id, its devices). The kernel's effects own those fields (``effects.adopt``).
+Adopt = Callable[[ServiceRuntime, AdoptedProcess, LaunchSpec, int, tuple[int, ...]], None]
+
+
 @dataclass(frozen=True, slots=True)
 class Adoption:
     """What the takeover did with each runtime left behind."""
@@ -131,9 +137,10 @@ async def take_over_previous_daemon(
     clock: Clock,
     runtimes: RuntimeTable,
     http: httpx.AsyncClient,
+    adopt: Adopt,
 ) -> Adoption:
-    """Adopt what fits (READY at once, told to the kernel through the instance's own
-    transition), reap the rest; returns the services of each."""
+    """Adopt what fits (``adopt``: the effects make the process the service's instance,
+    READY at once), reap the rest; returns the services of each."""
     with store.read() as session:
         left = [Left.of(row) for row in queries.live_instances(session)]
     if not left:
@@ -147,7 +154,7 @@ async def take_over_previous_daemon(
             refused.append((record, why))
             continue
         rt = runtimes[record.service]
-        if not _adopt(rt, record, clock):
+        if not _adopt(rt, record, clock, adopt):
             refused.append((record, "it exited while being adopted"))
             continue
         taken.add(record.service)
@@ -231,7 +238,7 @@ async def _health(rt: ServiceRuntime, record: Left, http: httpx.AsyncClient) -> 
     return f"HTTP {response.status_code}"
 
 
-def _adopt(rt: ServiceRuntime, record: Left, clock: Clock) -> bool:
+def _adopt(rt: ServiceRuntime, record: Left, clock: Clock, adopt: Adopt) -> bool:
     """Make ``record``'s process the service's instance; False if it is already gone."""
     follower = None
     if record.output is not None:
@@ -253,10 +260,7 @@ def _adopt(rt: ServiceRuntime, record: Left, clock: Clock) -> bool:
         startup_timeout_s=rt.spec.startup_timeout,
         health_ok=rt.adapter.health_ok,
     )
-    rt.instance_id = record.instance_id
-    rt.device, rt.devices = record.devices[0], record.devices
-    rt.last_pids = (record.pid,)
-    rt.instance.adopt(proc, spec, f"adopting pid {record.pid} from a previous vramd")
+    adopt(rt, proc, spec, record.instance_id, record.devices)
     return True
 
 

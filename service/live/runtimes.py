@@ -228,8 +228,8 @@ class ServiceRuntime:
     - ``spec``, ``retired``, ``recent_requests``, ``counters["requests_served"]``: the
       orchestrator (policy apply, the request path).
     - ``instance``, ``device``, ``devices``, ``departing``, ``instance_id``,
-      ``last_load_s`` and the other ``counters``: the kernel's effects (spawn, stop,
-      the instance's transitions).
+      ``last_load_s`` and the other ``counters``: the kernel's effects (spawn, adoption,
+      stop, the instance's transitions).
     - ``footprint``, ``host_bytes``, ``device_bytes``, ``peak``, ``last_pids``,
       ``learned_peak``, ``learned_load_s``: the sampler (``memory.sampling``); the
       effects tell it when an instance starts, spawns and is released.
