@@ -29,7 +29,6 @@ from functools import partial
 from pathlib import Path
 
 import httpx
-import psutil
 from sqlalchemy.orm import Session
 
 from service import __version__
@@ -47,14 +46,12 @@ from service.supervisor import (
     OutputFollower,
     ReapOutcome,
     RuntimeProcess,
+    not_the_same_process,
     reap_orphans,
 )
 
 log = logging.getLogger("vramd.takeover")
 
-# The start time psutil reads is derived from the boot time and clock ticks: the same
-# process reads the same value in every daemon, to well under this.
-START_TIME_TOLERANCE_S = 0.05
 HEALTH_TIMEOUT_S = 2.0
 
 
@@ -204,17 +201,7 @@ async def _why_not(
 
 
 def _same_process(record: Left) -> str:
-    """Empty if ``record.pid`` is the process that was started; else why not."""
-    try:
-        proc = psutil.Process(record.pid)
-        status, started = proc.status(), proc.create_time()
-    except psutil.Error:
-        return f"pid {record.pid} is gone"
-    if status == psutil.STATUS_ZOMBIE:
-        return f"pid {record.pid} has exited"
-    if abs(started - record.proc_start_time) > START_TIME_TOLERANCE_S:
-        return f"pid {record.pid} now belongs to another program ({proc.name()})"
-    return ""
+    return not_the_same_process(record.pid, record.proc_start_time)
 
 
 def _health_url(rt: ServiceRuntime, port: int) -> str:

@@ -28,7 +28,13 @@ from service.supervisor.process import (
     SubprocessLauncher,
     describe_exit,
 )
-from service.supervisor.reaper import OrphanRecord, ReapOutcome, ReapResult, reap_orphans
+from service.supervisor.reaper import (
+    OrphanRecord,
+    ReapOutcome,
+    ReapResult,
+    not_the_same_process,
+    reap_orphans,
+)
 from service.supervisor.run import LaunchSpec, ProcessRun, RunEnd, RunResult
 from service.supervisor.settle import wait_settled
 
@@ -58,6 +64,7 @@ __all__ = [
     "StartFailed",
     "SubprocessLauncher",
     "describe_exit",
+    "not_the_same_process",
     "reap_orphans",
     "runtime_environment",
     "wait_settled",

@@ -53,11 +53,31 @@ class ReapResult:
     detail: str = ""
 
 
+# psutil derives a start time from the boot time and clock ticks: the same process reads
+# the same value in every daemon, to well under this.
+START_TIME_TOLERANCE_S = 0.05
+
+
+def not_the_same_process(pid: int, start_time: float) -> str:
+    """Empty if ``pid`` is alive and is the process that started at ``start_time``;
+    else why not (gone, exited, or the pid now belongs to another program)."""
+    try:
+        proc = psutil.Process(pid)
+        status, started = proc.status(), proc.create_time()
+    except psutil.Error:
+        return f"pid {pid} is gone"
+    if status == psutil.STATUS_ZOMBIE:
+        return f"pid {pid} has exited"
+    if abs(started - start_time) > START_TIME_TOLERANCE_S:
+        return f"pid {pid} now belongs to another program ({proc.name()})"
+    return ""
+
+
 def reap_orphans(
     records: Iterable[OrphanRecord],
     *,
     grace_s: float = 2.0,
-    tolerance_s: float = 0.05,
+    tolerance_s: float = START_TIME_TOLERANCE_S,
 ) -> list[ReapResult]:
     """SIGTERM what is still ours, wait up to ``grace_s`` (all records together), SIGKILL."""
     found: list[tuple[OrphanRecord, list[psutil.Process], str]] = []

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psutil
 from support.daemon import Daemon, demo_command, policy_yaml, start_daemon, stop_daemon
+from support.faults import alive
 from support.ports import free_port
 
 CHAT = {
@@ -44,13 +45,6 @@ EMBED = {
     "residency": "on-demand",
     "stop_timeout": "2s",
 }
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def ask(daemon: Daemon, model: str = "m-chat") -> int:
