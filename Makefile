@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
+.PHONY: run test test-fast test-real image image-runtimes test-image real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -36,8 +36,8 @@ typecheck: $(VENV)/.installed-dev
 # assert on wall-clock time (marker timing) run afterwards, alone. Real runtimes (marker
 # real) are make test-real's, even where they are installed.
 pytest: $(VENV)/.installed-dev
-	$(BIN)/pytest -m "not timing and not real" -n 4 --dist worksteal
-	$(BIN)/pytest -m timing
+	$(BIN)/pytest -m "not timing and not real and not image" -n 4 --dist worksteal
+	$(BIN)/pytest -m "timing and not image"
 
 # The inner loop: tests/unit only (no process, no daemon).
 test-fast: $(VENV)/.installed-dev
@@ -50,6 +50,28 @@ REAL_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TE
 $(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-dev
 	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/pip install --quiet -r requirements-real.txt
 	@touch $@
+
+# The image, localhost/vramd:latest (docs/deployment.md, "Docker"): docker build where an
+# engine runs, else buildah (chroot isolation, vfs storage: no daemon), on a base made
+# from Debian's packages where python:3.11-slim-bookworm cannot be pulled. Builders and
+# mmdebstrap are installed from Debian's packages when missing. ~1 min on 2 cores.
+image:
+	deploy/image/build
+
+# ... and localhost/vramd-runtimes:latest on it (deploy/runtimes.Dockerfile: llama-server
+# built in the image's own Debian release; ~8 min on 2 cores).
+image-runtimes:
+	deploy/image/build --runtimes
+
+# Both images, run as containers and checked from outside (tests/image/test_image.py),
+# then the deployment files against the Dockerfile (compose config and systemd-analyze
+# verify where installed). Not part of make test; where no builder can be installed it
+# says why and passes.
+test-image: $(VENV)/.installed-dev
+	@deploy/image/build --runtimes; rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "make test-image: skipped: no image builder on this machine"; exit 0; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	$(BIN)/pytest -m image tests/image -v && $(BIN)/pytest tests/process/test_deploy.py -v
 
 # Every real runtime (llama.cpp, whisper.cpp, stable-diffusion.cpp, vLLM's CPU build, piper), built
 # or installed from the package registries with a generated model each, into

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-KINDS = ("unit", "process", "e2e")
+KINDS = ("unit", "process", "e2e", "image")
 
 # Property tests explore new inputs on developers' machines; CI replays a fixed sequence
 # so that a red run is reproducible (a failure found locally becomes a regression test).

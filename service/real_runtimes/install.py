@@ -211,13 +211,22 @@ def _build(layout: Layout, target: str, source: Path, flags: tuple[str, ...]) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.real_runtimes install")
     parser.add_argument("--dir", type=Path, default=None, help="default: $VRAMD_REAL_RUNTIMES")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="PROGRAM",
+        help="install only this program (repeatable): " + ", ".join(recipe_names()),
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(recipe_names()))
+    if unknown:
+        parser.error(f"unknown program {', '.join(unknown)}; known: {', '.join(recipe_names())}")
     root = (args.dir or catalog_dir()).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     say(f"into {root}")
     started = time.monotonic()
     try:
-        entries = install_all(Installer(Layout(root)))
+        entries = install_all(Installer(Layout(root)), only=args.only)
     except StepFailed as exc:
         say(f"FAILED: {exc}")
         return 1
@@ -226,13 +235,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def install_all(installer: Installer) -> dict[str, RuntimeEntry]:
-    """Every step, in order, then the catalog's entries."""
+def recipe_names() -> list[str]:
+    from service.real_runtimes.recipes import RECIPES
+
+    return [recipe.name for recipe in RECIPES]
+
+
+def install_all(installer: Installer, only: list[str] | None = None) -> dict[str, RuntimeEntry]:
+    """Every step (of the programs in ``only``, where given), in order, then the catalog's
+    entries."""
     from service.real_runtimes.recipes import RECIPES
 
     installer.tools().perform()
     entries: dict[str, RuntimeEntry] = {}
     for recipe in RECIPES:
+        if only and recipe.name not in only:
+            continue
         for step in recipe.steps(installer):
             step.perform()
         entries.update(recipe.entries(installer.layout))

@@ -80,6 +80,26 @@ def output_of(argv: Sequence[str | Path]) -> str:
     return done.stdout + done.stderr
 
 
+def extract_within(archive: tarfile.TarFile, into: Path) -> None:
+    """Extract every member under ``into``, refusing one that would land (or link)
+    outside it. tarfile's own ``filter="data"`` arrived in Python 3.11.4; Debian
+    bookworm's python3, the image's, is 3.11.2."""
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(into, filter="data")
+        return
+    root = into.resolve()
+    for member in archive.getmembers():
+        target = (root / member.name).resolve()
+        linked = (target.parent / member.linkname).resolve() if member.issym() else target
+        if member.islnk():
+            linked = (root / member.linkname).resolve()
+        if not (target.is_relative_to(root) and linked.is_relative_to(root)):
+            raise StepFailed(f"{member.name} would land outside {into}")
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise StepFailed(f"{member.name} is not a file, folder or link")
+    archive.extractall(into)
+
+
 def fetch_sdist(python: Path, name: str, version: str, into: Path, *, log: Path) -> Path:
     """The source distribution of ``name==version`` from the package index, unpacked into
     ``into`` (the folder is replaced whole, so it never holds two versions). ``python``
@@ -100,7 +120,7 @@ def fetch_sdist(python: Path, name: str, version: str, into: Path, *, log: Path)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     with tarfile.open(archives[0]) as archive:
-        archive.extractall(partial, filter="data")
+        extract_within(archive, partial)
     (top,) = partial.iterdir()
     shutil.rmtree(into, ignore_errors=True)
     top.rename(into)

@@ -11,15 +11,18 @@ import configparser
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.deployment import dockerfile_instructions, from_dockerfile
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
-DOCKERFILE = REPO / "Dockerfile"
+DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
+IMAGE = "localhost/vramd:latest"  # what make image tags
 UNIT = REPO / "deploy" / "vramd.service"
 
 
@@ -112,18 +115,6 @@ def test_docker_compose_config_accepts_the_file() -> None:
 # --- Dockerfile ---------------------------------------------------------------------------
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    out = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            word, _, rest = stripped.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def test_dockerfile_is_multi_stage() -> None:
     stages = [args for word, args in dockerfile_instructions() if word == "FROM"]
     assert len(stages) >= 2
@@ -201,3 +192,55 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     # systemd (containers, CI) verify may also fail on the host's own units: not ours.
     problems = [line for line in (done.stdout + done.stderr).splitlines() if copy.name in line]
     assert not problems, "\n".join(problems)
+
+
+# --- each file agrees with the image --------------------------------------------------------
+
+
+def daemonset_pod() -> dict[str, Any]:
+    pod: dict[str, Any] = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]
+    return pod
+
+
+def test_compose_runs_the_image_make_image_builds_with_its_settings_port_and_volumes() -> None:
+    image = from_dockerfile()
+    service = vramd_service()
+    assert service["image"] == IMAGE
+    # It may restate the image's settings beside its mounts, never change them.
+    assert service["environment"].items() <= image.env.items()
+    (port,) = service["ports"]
+    assert int(str(port).rsplit(":", 1)[1]) == image.port
+    for mount in service["volumes"]:
+        target = PurePosixPath(str(mount).split(":")[1])
+        if str(target).startswith(("/etc/vramd", "/var/lib/vramd")):
+            assert any(target.is_relative_to(v) for v in image.volumes), target
+    assert image.env["VRAMD_CONFIG"] in {str(m).split(":")[1] for m in service["volumes"]}
+
+
+def test_daemonset_runs_the_images_user_with_its_settings_and_volumes() -> None:
+    image = from_dockerfile()
+    pod = daemonset_pod()
+    (init,) = pod["initContainers"]
+    (vramd,) = pod["containers"]
+    assert vramd["image"].rsplit("/", 1)[1] == init["image"].rsplit("/", 1)[1] == "vramd:latest"
+    assert {e["name"]: e["value"] for e in vramd["env"]}.items() <= image.env.items()
+    context = vramd["securityContext"]
+    assert context["runAsUser"] == context["runAsGroup"] == image.uid
+    assert init["command"] == ["chown", f"{image.uid}:{image.uid}", "/var/lib/vramd"]
+    mounts = {m["mountPath"] for m in vramd["volumeMounts"]}
+    assert image.volumes <= mounts
+    assert [p["containerPort"] for p in vramd["ports"]] == [image.port]
+    # No command: the image's entrypoint (tini) and CMD run.
+    assert "command" not in vramd and "args" not in vramd
+
+
+def test_unit_keeps_the_database_where_the_image_does() -> None:
+    environment = dict(value.split("=", 1) for value in unit_values("Service", "Environment"))
+    assert environment["VRAMD_DB"] == from_dockerfile().env["VRAMD_DB"]
+
+
+def test_the_image_starts_vramd_under_tini_as_the_vramd_user() -> None:
+    image = from_dockerfile()
+    assert image.user == "vramd"
+    assert image.entrypoint[0] == "tini" and "-s" in image.entrypoint
+    assert image.cmd[:2] == ("vramd", "serve")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from service.real_runtimes.catalog import (
     load_catalog,
     write_catalog,
 )
-from service.real_runtimes.steps import Step, StepFailed
+from service.real_runtimes.steps import Step, StepFailed, extract_within
 
 ENTRY = RuntimeEntry(
     adapter="llama.cpp",
@@ -116,3 +118,29 @@ def test_a_model_writer_prints_every_byte_it_wrote_and_needs_out(
     with pytest.raises(SystemExit):
         run_writer("writer", write, [])
     assert "--out" in capsys.readouterr().err
+
+
+def _sdist(path: Path, *members: tuple[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("with_data_filter", [True, False], ids=["python>=3.11.4", "bookworm"])
+def test_sources_extract_under_their_folder_with_or_without_tarfiles_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_data_filter: bool
+) -> None:
+    if not with_data_filter:  # Debian bookworm's python3 (3.11.2), the image's
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    archive = _sdist(tmp_path / "good.tar.gz", ("pkg-1.0/PKG-INFO", b"Name: pkg\n"))
+    with tarfile.open(archive) as opened:
+        extract_within(opened, tmp_path / "out")
+    assert (tmp_path / "out" / "pkg-1.0" / "PKG-INFO").read_bytes() == b"Name: pkg\n"
+
+    evil = _sdist(tmp_path / "evil.tar.gz", ("../escaped", b"x"))
+    with tarfile.open(evil) as opened, pytest.raises((StepFailed, tarfile.TarError)):
+        extract_within(opened, tmp_path / "out2")
+    assert not (tmp_path / "escaped").exists()
