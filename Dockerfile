@@ -39,13 +39,16 @@ COPY --from=build /opt/vramd /opt/vramd
 COPY migrations /opt/vramd/migrations
 COPY config /etc/vramd/examples
 # PATH and LD_LIBRARY_PATH reach the runtimes (see service/supervisor/environment.py):
-# a binary in /opt/runtimes/bin is found by its name in a policy's `command`.
+# a binary in /opt/runtimes/bin is found by its name in a policy's `command`. The NVIDIA
+# Container Toolkit mounts NVML (utility: vramd's measurements) and CUDA (compute: the
+# runtimes) into the container for these capabilities.
 ENV PATH="/opt/vramd/bin:/opt/runtimes/bin:$PATH" \
     LD_LIBRARY_PATH="/opt/runtimes/lib" \
     VRAMD_MIGRATIONS=/opt/vramd/migrations \
     VRAMD_CONFIG=/etc/vramd/vramd.yaml \
     VRAMD_DB=/var/lib/vramd/vramd.db \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER vramd
 WORKDIR /var/lib/vramd
 # The policy (read-only is fine) and the SQLite database.
