@@ -38,6 +38,21 @@ from typing import Any
 
 log = logging.getLogger("vramd.handover")
 
+# Inits that exit when their one child does, ending the container with it: under one, a
+# successor would be orphaned and killed with the container (docs/deployment.md, "What a
+# container restart does to loaded models").
+CONTAINER_INITS = frozenset({"tini", "tini-static", "docker-init", "dumb-init", "catatonit"})
+
+
+def hand_over_blocked(pid: int, parent_name: str) -> str:
+    """Why a hand-over from this process could not work, or "" when it can."""
+    if pid == 1:
+        return "vramd is its container's pid 1: the container ends when it exits"
+    if parent_name in CONTAINER_INITS:
+        return f"vramd runs under {parent_name}, which exits, ending its container, when vramd does"
+    return ""
+
+
 # Bounds of each step: the old daemon waits this long for loads and stops to finish
 # before it gives up the sockets, and this long for the new one to serve.
 QUIET_TIMEOUT_S = 120.0

@@ -11,6 +11,7 @@ never runs them (marker ``image``); without a built image or an engine they skip
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -253,6 +254,20 @@ def test_sigterm_to_the_main_process_ends_every_runtime_and_the_daemon_in_the_gr
         assert status in (0, 143), daemon.box.logs()
         alive = [p for p in runtimes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
+
+
+def test_sigusr2_in_the_container_is_refused_and_the_daemon_keeps_serving(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A hand-over under tini would end the container with the old daemon."""
+    with running(engine, tmp_path, volume(tmp_path, image_uid(engine, IMAGE))) as daemon:
+        process = daemon.daemon_process()
+        process.send_signal(signal.SIGUSR2)
+        daemon.wait_until(lambda: "SIGUSR2 ignored" in daemon.box.logs(), 10, "the refusal")
+        assert "under tini" in daemon.box.logs()
+        assert process.is_running() and daemon.daemon_process().pid == process.pid
+        chat = {"model": "demo-chat", "messages": [{"role": "user", "content": "still?"}]}
+        assert daemon.post("/v1/chat/completions", chat).status_code == 200
 
 
 # --- the image with llama-server ---------------------------------------------------------------
