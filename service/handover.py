@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 log = logging.getLogger("vramd.handover")
 
 # Inits that exit when their one child does, ending the container with it: under one, a
@@ -51,6 +53,15 @@ def hand_over_blocked(pid: int, parent_name: str) -> str:
     if parent_name in CONTAINER_INITS:
         return f"vramd runs under {parent_name}, which exits, ending its container, when vramd does"
     return ""
+
+
+def hand_over_blocked_here() -> str:
+    """``hand_over_blocked`` for this process."""
+    parent_name = ""
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process().parent()
+        parent_name = parent.name() if parent else ""
+    return hand_over_blocked(os.getpid(), parent_name)
 
 
 # Bounds of each step: the old daemon waits this long for loads and stops to finish
@@ -222,6 +233,9 @@ class ControlPoint:
             return
         if self._busy:
             await _reply(writer, {"ok": False, "why": "another hand-over is under way"})
+            return
+        if why := hand_over_blocked_here():
+            await _reply(writer, {"ok": False, "why": why})
             return
         self._busy = True
         try:

@@ -28,13 +28,12 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from types import FrameType
 
-import psutil
 import uvicorn
 from fastapi import FastAPI
 
 from service.domain import InstanceState as S
 from service.errors import RequestRejected, StoreError
-from service.handover import ControlPoint, Handing, Predecessor, hand_over_blocked
+from service.handover import ControlPoint, Handing, Predecessor, hand_over_blocked_here
 from service.live.leases import Lease, Outcome
 from service.store.lock import DatabaseLock
 
@@ -193,11 +192,7 @@ class DaemonServer(uvicorn.Server):
     def _spawn_successor(self) -> None:
         """SIGUSR2 (``systemctl reload``): start ``vramd serve --replace`` with our own
         arguments; it takes over through the control socket."""
-        parent_name = ""
-        with contextlib.suppress(psutil.Error):
-            parent = psutil.Process().parent()
-            parent_name = parent.name() if parent else ""
-        blocked = hand_over_blocked(os.getpid(), parent_name)
+        blocked = hand_over_blocked_here()
         if blocked:
             log.error(
                 "SIGUSR2 ignored: %s. In a container, restart the container to upgrade; "

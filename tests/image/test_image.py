@@ -256,15 +256,19 @@ def test_sigterm_to_the_main_process_ends_every_runtime_and_the_daemon_in_the_gr
         assert not alive, [p.cmdline() for p in alive]
 
 
-def test_sigusr2_in_the_container_is_refused_and_the_daemon_keeps_serving(
+def test_a_hand_over_in_the_container_is_refused_and_the_daemon_keeps_serving(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """A hand-over under tini would end the container with the old daemon."""
+    """A hand-over under tini would end the container with the old daemon: SIGUSR2 and
+    ``vramd serve --replace`` (through exec) are both refused, saying why."""
     with running(engine, tmp_path, volume(tmp_path, image_uid(engine, IMAGE))) as daemon:
         process = daemon.daemon_process()
         process.send_signal(signal.SIGUSR2)
         daemon.wait_until(lambda: "SIGUSR2 ignored" in daemon.box.logs(), 10, "the refusal")
         assert "under tini" in daemon.box.logs()
+        replace = daemon.box.exec(["vramd", "serve", "--replace", "--host", "0.0.0.0"])
+        assert replace.returncode != 0
+        assert "under tini" in replace.stdout + replace.stderr, replace
         assert process.is_running() and daemon.daemon_process().pid == process.pid
         chat = {"model": "demo-chat", "messages": [{"role": "user", "content": "still?"}]}
         assert daemon.post("/v1/chat/completions", chat).status_code == 200

@@ -97,6 +97,7 @@ class BuildahContainer:
     process: subprocess.Popen[bytes]
     log: Path
     engine: Buildah
+    mounts: list[str]  # buildah run's --volume flags: each run of the container gets them
     _main: psutil.Process | None = None
     _root: tuple[int, int] | None = None  # (st_dev, st_ino) of the container's root
 
@@ -140,7 +141,9 @@ class BuildahContainer:
 
     def exec(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """Another process in the container (buildah run shares its root and network)."""
-        command = self.engine._cmd("run", "--isolation", "chroot", self.name, "--", *argv)
+        command = self.engine._cmd(
+            "run", "--isolation", "chroot", *self.mounts, self.name, "--", *argv
+        )
         return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
@@ -201,7 +204,7 @@ class Buildah:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            box = BuildahContainer(name, process, log, self)
+            box = BuildahContainer(name, process, log, self, flags)
             try:
                 box.main_process()
                 yield box
