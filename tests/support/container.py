@@ -58,8 +58,6 @@ class Engine(Protocol):
 
     def image_config(self, image: str) -> dict[str, Any]: ...
 
-    def image_size(self, image: str) -> int: ...
-
     def user_id(self, image: str, user: str) -> int: ...
 
     def run(
@@ -79,6 +77,10 @@ def container_engine() -> Engine | None:
         return Docker(docker)
     buildah = shutil.which("buildah")
     return Buildah(buildah) if buildah else None
+
+
+def _fresh_name() -> str:
+    return f"vramd-test-{uuid.uuid4().hex[:8]}"
 
 
 def _check(argv: Sequence[str]) -> str:
@@ -160,11 +162,8 @@ class Buildah:
         config: dict[str, Any] = data["Docker"]["config"]
         return config
 
-    def image_size(self, image: str) -> int:
-        return int(_check(self._cmd("images", "--format", "{{.Size}}", "--noheading", image)))
-
     def user_id(self, image: str, user: str) -> int:
-        name = f"vramd-test-{uuid.uuid4().hex[:8]}"
+        name = _fresh_name()
         _check(self._cmd("from", "--quiet", "--name", name, image))
         try:
             argv = self._cmd("run", "--isolation", "chroot", name, "--", "id", "-u", user)
@@ -182,7 +181,7 @@ class Buildah:
         workdir: Path,
         env: dict[str, str] | None = None,
     ) -> Iterator[BuildahContainer]:
-        name = f"vramd-test-{uuid.uuid4().hex[:8]}"
+        name = _fresh_name()
         config = self.image_config(image)
         _check(self._cmd("from", "--quiet", "--name", name, image))
         try:
@@ -258,9 +257,6 @@ class Docker:
         config: dict[str, Any] = data["Config"]
         return config
 
-    def image_size(self, image: str) -> int:
-        return int(_check([self.binary, "image", "inspect", "-f", "{{.Size}}", image]))
-
     def user_id(self, image: str, user: str) -> int:
         argv = [self.binary, "run", "--rm", "--entrypoint", "id", image, "-u", user]
         return int(_check(argv))
@@ -275,7 +271,7 @@ class Docker:
         workdir: Path,
         env: dict[str, str] | None = None,
     ) -> Iterator[DockerContainer]:
-        name = f"vramd-test-{uuid.uuid4().hex[:8]}"
+        name = _fresh_name()
         flags = [f"--volume={mount.flag()}" for mount in mounts]
         for key, value in (env or {}).items():
             flags += ["--env", f"{key}={value}"]
