@@ -97,14 +97,27 @@ class StaticLeases:
         return name
 
     async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+        self,
+        service: str,
+        *,
+        request_id: str,
+        request_info: dict[str, Any] | None = None,
+        client: str = "anonymous",
     ) -> Any:
         from service.live.leases import Lease
 
         assert self.client is not None
         return Lease(request_id, service, self.upstream, self.client)
 
-    def release(self, lease: Any, *, outcome: str, error: str | None = None) -> None:
+    def release(
+        self,
+        lease: Any,
+        *,
+        outcome: str,
+        error: str | None = None,
+        status: int | None = None,
+        usage: Any = None,
+    ) -> None:
         pass
 
     def models(self) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Waiters
 from service.live.runtimes import RuntimeTable
+from service.live.usage import Accounts, UsageBook
 from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
@@ -117,6 +118,7 @@ def build_orchestrator(
         grace_s=settings.liveness_grace_s, stall_after_s=settings.watchdog_stall_s,
     )  # fmt: skip
     metrics = metrics or new_metrics(lambda: orchestrator, policy, backend=probe.backend)
+    accounts = Accounts(metrics, UsageBook(clock.now))
     waiters, tickets = Waiters(), Tickets()
     keeper = StateKeeper(
         store.path.parent / "state", runtimes=runtimes, events=events, clock=clock,
@@ -127,7 +129,7 @@ def build_orchestrator(
         sleep=SleepMode(
             events=events, probe=probe, clock=clock, settle_timeout_s=settings.settle_timeout
         ),
-        doctor=doctor, sampler=sampler, events=events, metrics=metrics, writer=writer,
+        doctor=doctor, sampler=sampler, events=events, accounts=accounts, writer=writer,
         probe=probe, clock=clock, settle_timeout_s=settings.settle_timeout, keeper=keeper,
     )  # fmt: skip
     pump.connect(effects)
@@ -144,7 +146,7 @@ def build_orchestrator(
         windows=windows,
         health=health,
         events=events,
-        metrics=metrics,
+        accounts=accounts,
         store=store,
         writer=writer,
         clock=clock,

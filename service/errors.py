@@ -10,6 +10,8 @@
         ├── ServiceNotFound        404 service_not_found (admin API)
         ├── InvalidRequest         400 invalid_request
         ├── Unauthorized           401 unauthorized
+        ├── ModelNotAllowed        403 model_not_allowed (the key's client may not use it)
+        ├── InsufficientScope      403 insufficient_scope (admin key without the scope)
         ├── QueueFull              429 queue_full
         ├── InsufficientCapacity   503 insufficient_capacity
         ├── QueueTimeout           503 queue_timeout
@@ -78,6 +80,22 @@ class Unauthorized(RequestRejected):
     status = 401
     code = "unauthorized"
     error_type = "authentication_error"
+
+
+class ModelNotAllowed(RequestRejected):
+    """The client's key may not use the model it named (``server.clients.*.models``)."""
+
+    status = 403
+    code = "model_not_allowed"
+    error_type = "permission_error"
+
+
+class InsufficientScope(RequestRejected):
+    """The admin key lacks the scope the route needs (read, operate, apply)."""
+
+    status = 403
+    code = "insufficient_scope"
+    error_type = "permission_error"
 
 
 class QueueFull(RequestRejected):

@@ -73,11 +73,12 @@ def server_address(settings: Settings, policy: Policy) -> ServerAddress:
 
 def refuse_unsafe_bind(host: str, policy: Policy) -> str | None:
     """A message when listening on ``host`` would expose an unauthenticated API."""
-    if _is_loopback(host) or (policy.server.api_keys and policy.server.admin_keys):
+    if _is_loopback(host) or (policy.server.keyed and policy.server.admin_keys):
         return None
     return (
         f"refusing to listen on {host}: it is reachable from other machines, and "
-        "server.api_keys and server.admin_keys must both be set in the policy first "
+        "client keys (server.api_keys or server.clients) and server.admin_keys must both "
+        "be set in the policy first "
         "(or listen on 127.0.0.1)"
     )
 

@@ -25,14 +25,14 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.responses import Response
 
 from service import __version__
-from service.api.auth import install_auth, require_api_key
+from service.api.auth import Caller, install_auth, require_api_key
 from service.api.deps import get_orchestrator
 from service.api.errors import error_response, install_error_handlers
 from service.api.openai import get_leases, get_proxy_config, read_body, request_shape
@@ -88,6 +88,7 @@ def create_ollama_app(main: FastAPI) -> FastAPI:
 
 open_router = APIRouter()
 router = APIRouter(dependencies=[Depends(require_api_key)])
+CallerDep = Annotated[Caller, Depends(require_api_key)]
 
 
 @open_router.get("/")
@@ -103,23 +104,24 @@ async def api_version() -> dict[str, str]:
 
 
 @router.get("/api/tags")
-async def api_tags(request: Request) -> dict[str, Any]:
-    return tags(model_views(request), modified_at=STARTED)
+async def api_tags(request: Request, caller: CallerDep) -> dict[str, Any]:
+    return tags(model_views(request, caller), modified_at=STARTED)
 
 
 @router.get("/api/ps")
-async def api_ps(request: Request) -> dict[str, Any]:
-    return ps(model_views(request))
+async def api_ps(request: Request, caller: CallerDep) -> dict[str, Any]:
+    return ps(model_views(request, caller))
 
 
 @router.post("/api/show")
-async def api_show(request: Request) -> dict[str, Any]:
+async def api_show(request: Request, caller: CallerDep) -> dict[str, Any]:
     config = await get_proxy_config(request)
     payload = _json(await read_body(request, config.max_json_body, "server.max_json_body"))
     name = payload.get("model", payload.get("name"))
     if not isinstance(name, str) or not name:
         raise InvalidRequest("'model' is required and must be a non-empty string")
-    views = {view.name: view for view in model_views(request)}
+    _check(caller, name)
+    views = {view.name: view for view in model_views(request, caller)}
     view = views.get(name) or views.get(name.removesuffix(":latest"))
     if view is None:
         raise ModelNotFound(f"model {name!r} not found")
@@ -127,23 +129,23 @@ async def api_show(request: Request) -> dict[str, Any]:
 
 
 @router.post("/api/chat")
-async def api_chat(request: Request) -> Response:
-    return await _proxied(request, chat_request, "chat")
+async def api_chat(request: Request, caller: CallerDep) -> Response:
+    return await _proxied(request, caller, chat_request, "chat")
 
 
 @router.post("/api/generate")
-async def api_generate(request: Request) -> Response:
-    return await _proxied(request, generate_request, "generate")
+async def api_generate(request: Request, caller: CallerDep) -> Response:
+    return await _proxied(request, caller, generate_request, "generate")
 
 
 @router.post("/api/embed")
-async def api_embed(request: Request) -> Response:
-    return await _proxied(request, embed_request, "embed")
+async def api_embed(request: Request, caller: CallerDep) -> Response:
+    return await _proxied(request, caller, embed_request, "embed")
 
 
 @router.post("/api/embeddings")
-async def api_embeddings(request: Request) -> Response:
-    return await _proxied(request, embeddings_request, "embeddings")
+async def api_embeddings(request: Request, caller: CallerDep) -> Response:
+    return await _proxied(request, caller, embeddings_request, "embeddings")
 
 
 def _managed_by_policy() -> JSONResponse:
@@ -163,13 +165,18 @@ for _method, _path in MANAGEMENT_ROUTES:
 
 
 async def _proxied(
-    request: Request, translate: Callable[[object], Translated], endpoint: Endpoint
+    request: Request,
+    caller: Caller,
+    translate: Callable[[object], Translated],
+    endpoint: Endpoint,
 ) -> Response:
     leases = await get_leases(request)
     config = await get_proxy_config(request)
     raw = await read_body(request, config.max_json_body, "server.max_json_body")
     translated = translate(_json(raw))
     asked = translated.body["model"]
+    _check(caller, asked)
+    caller = caller.named(request.headers.get("x-vramd-client"))
     routed = _resolve(leases, asked, translated.route)
     served = routed.service
     headers: tuple[tuple[bytes, bytes], ...] = ((b"x-vramd-service", served.encode()),)
@@ -178,7 +185,9 @@ async def _proxied(
         log.info("ollama %s for %s: ignored %s (the policy decides these)", endpoint, asked, names)
         headers += ((b"x-vramd-ignored", names.encode()),)
     if translated.load_only or translated.unload_only:
-        return await _load_or_unload(leases, routed, translated, asked, endpoint, headers)
+        return await _load_or_unload(
+            leases, routed, translated, asked, endpoint, headers, caller.name
+        )
 
     model = _served_name(leases, asked, routed)
     fields = {**translated.body, **(routed.params or {})}
@@ -203,6 +212,7 @@ async def _proxied(
         translator=OllamaAnswer(endpoint, asked),
         reply_headers=headers,
         client_body=raw,
+        client=caller.name,
     )
     return ProxyResponse(leases=leases, service=served, request=client_request, config=config)
 
@@ -214,12 +224,13 @@ async def _load_or_unload(
     model: str,
     endpoint: Endpoint,
     headers: tuple[tuple[bytes, bytes], ...],
+    client: str,
 ) -> Response:
     """Ollama's empty request: load the model (a lease, given back at once), or ask to
     unload it, which the policy decides: the answer says so and nothing is stopped."""
     mode = "chat" if endpoint == "chat" else "generate"
     if translated.load_only:
-        lease = await leases.acquire(routed.service, request_id=new_request_id())
+        lease = await leases.acquire(routed.service, request_id=new_request_id(), client=client)
         leases.release(lease, outcome=Outcome.OK)
         reason = "load"
     else:
@@ -229,6 +240,13 @@ async def _load_or_unload(
     reply = JSONResponse(answer)
     reply.raw_headers.extend(headers)
     return reply
+
+
+def _check(caller: Caller, model: str) -> None:
+    """ModelNotAllowed unless the caller may use the model, named with or without the
+    ``:latest`` Ollama's clients add."""
+    if not caller.may_use(model.removesuffix(":latest")):
+        caller.check(model)
 
 
 def _resolve(leases: LeaseProvider, model: str, route: str) -> Routed:
@@ -263,8 +281,9 @@ def _json(raw: bytes) -> dict[str, Any]:
 # --- what the meta routes show ----------------------------------------------------------
 
 
-def model_views(request: Request) -> list[ModelView]:
-    """Every chat and embedding model name, with its service's state and memory."""
+def model_views(request: Request, caller: Caller) -> list[ModelView]:
+    """Every chat and embedding model name the caller may use, with its service's state
+    and memory."""
     orchestrator = get_orchestrator(request)
     policy = orchestrator.policy
     now = datetime.now(UTC)
@@ -285,6 +304,7 @@ def model_views(request: Request) -> list[ModelView]:
                 family=spec.adapter_name,
             )
             for model in service["models"]
+            if caller.may_use(model)
         ]
     return views
 

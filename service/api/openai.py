@@ -12,7 +12,8 @@ again with the new model and fields, and a multipart body gets the model field's
 place (files are never parsed or copied twice; a find over the already-read body locates
 the field; ``set_params`` applies to JSON bodies only).
 
-Every route here requires an API key when ``server.api_keys`` is set (``auth.py``).
+Every route here requires a client key when keys are set (``auth.py``), and a client
+sees and uses only the models its key allows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from service.adapters.base import NativeRoute
-from service.api.auth import require_api_key
+from service.api.auth import Caller, require_api_key
 from service.api.deps import get_orchestrator
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
@@ -48,6 +49,9 @@ UPLOAD_ROUTES = frozenset(
     ROUTES_BY_KIND[ServiceKind.DIFFUSION] + ROUTES_BY_KIND[ServiceKind.SPEECH]
 )
 
+# What each kind's answers are counted in, besides requests (``proxy.usage``).
+METERS = {ServiceKind.DIFFUSION: "images", ServiceKind.SPEECH: "audio"}
+
 
 # Async so that FastAPI resolves them on the event loop, not in its thread pool.
 async def get_leases(request: Request) -> LeaseProvider:
@@ -64,22 +68,25 @@ async def get_proxy_config(request: Request) -> ProxyConfig:
 
 
 LeasesDep = Annotated[LeaseProvider, Depends(get_leases)]
+CallerDep = Annotated[Caller, Depends(require_api_key)]
 
 # ``router`` holds both: the model list behind the API-key dependency, and the proxied
 # routes, which check the key themselves (``proxy`` below) -- on the hot path, FastAPI's
 # dependency resolution cost more than everything else the route does before the proxy.
 router = APIRouter(prefix="/v1", tags=["openai"])
-models_router = APIRouter(dependencies=[Depends(require_api_key)])
+models_router = APIRouter()
 
 
 @models_router.get("/models")
-async def list_models(leases: LeasesDep) -> dict[str, Any]:
-    """Every model name clients may send, with the state of the service behind it."""
-    return {"object": "list", "data": [_model_entry(entry) for entry in leases.models()]}
+async def list_models(leases: LeasesDep, caller: CallerDep) -> dict[str, Any]:
+    """Every model name this client may send, with the state of the service behind it."""
+    entries = [entry for entry in leases.models() if caller.may_use(entry["id"])]
+    return {"object": "list", "data": [_model_entry(entry) for entry in entries]}
 
 
 @models_router.get("/models/{model:path}")  # names such as "org/model" hold slashes
-async def get_model(model: str, leases: LeasesDep) -> dict[str, Any]:
+async def get_model(model: str, leases: LeasesDep, caller: CallerDep) -> dict[str, Any]:
+    caller.check(model)
     for entry in leases.models():
         if entry["id"] == model:
             return _model_entry(entry)
@@ -92,10 +99,11 @@ def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
     upload = route in UPLOAD_ROUTES
+    meter = METERS.get(next(k for k, rs in ROUTES_BY_KIND.items() if route in rs), "tokens")
     dialect = dialect_for(route)
 
     async def proxy(request: Request) -> Response:
-        await require_api_key(request)
+        caller = await require_api_key(request)
         leases = await get_leases(request)
         config = await get_proxy_config(request)
         limit, setting = (
@@ -106,6 +114,8 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
         body = client_body = await read_body(request, limit, setting)
         content_type = request.headers.get("content-type", "")
         model, with_model, shape = find_model(body, content_type)
+        caller.check(model)  # before resolving: a refused key learns nothing of the rest
+        caller = caller.named(request.headers.get("x-vramd-client"), shape.get("user"))
         routed = leases.resolve(model, route)
         if routed.params and not shape.get("multipart"):
             body, with_model = with_params(body, routed.params)
@@ -123,6 +133,8 @@ def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
             shape=shape,
             dialect=dialect,
             answer_type=native.answer_type if native is not None else None,
+            client=caller.name,
+            meter=meter,
         )
         return ProxyResponse(
             leases=leases, service=routed.service, request=client_request, config=config
@@ -240,7 +252,7 @@ def reshaped(body: bytes, native: NativeRoute, service: str) -> tuple[bytes, Mod
 def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:
     """What an operator needs to know of a request that preceded an out-of-memory."""
     shape: dict[str, Any] = {"body_bytes": body_bytes}
-    for key in ("max_tokens", "max_completion_tokens", "n", "size", "stream"):
+    for key in ("max_tokens", "max_completion_tokens", "n", "size", "stream", "user"):
         value = payload.get(key)
         if isinstance(value, int | str | bool):
             shape[key] = value

@@ -57,10 +57,12 @@ async def service_root(service: str, request: Request) -> Response:
 
 async def upstream(service: str, path: str, request: Request) -> Response:
     """Passed to the runtime of ``service`` at ``/{path}``, as it came."""
-    await require_api_key(request)
+    caller = await require_api_key(request)
     leases = await get_leases(request)
     config = await get_proxy_config(request)
     name = leases.service_named(service)
+    caller.check_service(name, [e["id"] for e in leases.models() if e["service"] == name])
+    caller = caller.named(request.headers.get("x-vramd-client"))
     body = await read_body(request, config.max_upload_body, "server.max_upload_body")
     runtime_path = _runtime_path(request, service, path)
     query = request.url.query
@@ -70,6 +72,7 @@ async def upstream(service: str, path: str, request: Request) -> Response:
         headers=_passed_headers(request),
         method=request.method,
         shape={"body_bytes": len(body), "upstream": runtime_path},
+        client=caller.name,
     )
     return ProxyResponse(leases=leases, service=name, request=client_request, config=config)
 

@@ -183,7 +183,16 @@ def admission_lines(answer: dict[str, Any]) -> Iterator[str]:
         )
     for holder in answer.get("holders", []):
         yield f"  waits for {holder['text']}"
+    yield from client_lines(answer)
 
+
+def client_lines(answer: dict[str, Any]) -> Iterator[str]:
+    """Who has requests at the service, by client: waiting, and in flight."""
+    for key, what in (("waiting_by_client", "waiting"), ("in_flight_by_client", "in flight")):
+        counts = answer.get(key) or {}
+        if counts:
+            listed = ", ".join(f"{client} {n}" for client, n in counts.items())
+            yield f"  {what}, by client: {listed}"
 
 # --------------------------------------------------------------- apply, events
 

@@ -38,6 +38,7 @@ from service.live.runtimes import (
     launch_args,
     uses_state_dir,
 )
+from service.live.usage import Accounts
 from service.memory.doctor import Doctor
 from service.memory.release import Comeback
 from service.memory.sampling import Sampler
@@ -77,14 +78,6 @@ class Feed(Protocol):
     def __call__(self, event: Event) -> None: ...
 
 
-class Counters(Protocol):
-    """The request and load counters the kernel keeps (``service.api.metrics.Metrics``)."""
-
-    def request_done(self, service: str, code: str, queue_s: float | None = None) -> None: ...
-
-    def load_done(self, service: str, seconds: float) -> None: ...
-
-
 class KernelEffects:
     def __init__(
         self,
@@ -97,7 +90,7 @@ class KernelEffects:
         doctor: Doctor,
         sampler: Sampler,
         events: EventLog,
-        metrics: Counters,
+        accounts: Accounts,
         writer: StoreWriter,
         probe: DeviceProbe,
         clock: Clock,
@@ -114,7 +107,7 @@ class KernelEffects:
         self._doctor = doctor
         self._sampler = sampler
         self._events = events
-        self._metrics = metrics
+        self._accounts = accounts
         self._writer = writer
         self._probe = probe
         self._clock = clock
@@ -152,6 +145,7 @@ class KernelEffects:
             # Nobody can use this grant any more: give the slot straight back.
             self._feed(RequestFinished(action.request_id))
             return
+        now = self._clock.monotonic()
         waiter.future.set_result(
             Lease(
                 request_id=action.request_id,
@@ -159,8 +153,10 @@ class KernelEffects:
                 base_url=rt.base_url,
                 client=rt.client,
                 upstream_model=rt.spec.upstream_model,
-                queue_ms=(self._clock.monotonic() - waiter.arrived) * 1000,
+                queue_ms=(now - waiter.arrived) * 1000,
                 cold_start=waiter.cold,
+                caller=waiter.client,
+                granted_at=now,
                 answered=self._keeper.checking(rt.name),
                 first_byte=self._steps.first_answer(rt),
             )
@@ -173,12 +169,12 @@ class KernelEffects:
         )
         if waiter is None:
             return
-        self._metrics.request_done(waiter.service, action.code)
+        self._accounts.ended(waiter.service, action.code, client=waiter.client)
         self._events.record(
             "reject",
-            f"request refused ({action.code}): {action.message}",
+            f"request of client {waiter.client} refused ({action.code}): {action.message}",
             service=action.service,
-            data={"code": action.code, "retry_after": action.retry_after},
+            data={"code": action.code, "retry_after": action.retry_after, "client": waiter.client},
         )
 
     def note(self, action: Note) -> None:
@@ -423,7 +419,7 @@ class KernelEffects:
             self._doctor.verdict(rt, retry_succeeded=True)
         rt.last_load_s = inst.load_s
         if inst.load_s is not None and old is S.STARTING:
-            self._metrics.load_done(rt.name, inst.load_s)
+            self._accounts.counters.load_done(rt.name, inst.load_s)
         self._sampler.record_ready(rt)
         if old is not S.STARTING:
             self._feed(InstanceReady(rt.name))

@@ -24,7 +24,6 @@ from service.domain import Flag, InstanceState
 from service.errors import (
     HandedOver,
     InsufficientCapacity,
-    InvalidRequest,
     ModelNotFound,
     PolicyError,
     PolicyIssue,
@@ -35,19 +34,21 @@ from service.errors import (
 from service.health.healthz import Health
 from service.kernel import views
 from service.kernel.background import BackgroundTasks
-from service.kernel.effects import Counters, KernelEffects
+from service.kernel.effects import KernelEffects
 from service.kernel.policy_reload import reload_policy_file
-from service.kernel.routing import native_routes, route_tables
+from service.kernel.routing import RouteTable
 from service.kernel.takeover import take_over_previous_daemon
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.live.usage import Accounts, AnswerUsage
 from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
 from service.policy import Policy, diff_policies, load_policy
 from service.scheduler import (
+    ANONYMOUS,
     Event,
     LoadRequested,
     PolicyChanged,
@@ -61,6 +62,7 @@ from service.scheduler import (
     ShutdownRequested,
     Tick,
     UnloadRequested,
+    clients_from_policy,
     rules_from_policy,
 )
 from service.settings import Settings, refuse_unsafe_bind, server_address
@@ -88,21 +90,20 @@ class Orchestrator:
         windows: Windows,
         health: Health,
         events: EventLog,
-        metrics: Counters,
+        accounts: Accounts,
         store: Store,
         writer: StoreWriter,
         clock: Clock,
         settings: Settings,
     ) -> None:
         self.policy = policy
-        self._routes = route_tables(policy)
-        self._natives = native_routes(policy)
+        self._routing = RouteTable.of(policy)
         self.runtimes = runtimes
         self.sampler = sampler
         self.doctor = doctor
         self.windows = windows
         self.events = events
-        self.metrics = metrics
+        self.accounts = accounts
         self._pump = pump
         self._effects = effects
         self._waiters = waiters
@@ -161,7 +162,7 @@ class Orchestrator:
             f"policy active: {len(rules)} services, backend {self._health.backend}",
             data={"services": sorted(rules)},
         )
-        self.feed(PolicyChanged(rules, device_rule))
+        self.feed(PolicyChanged(rules, device_rule, clients=clients_from_policy(self.policy)))
         self.windows.start()
         self._loops.spawn(self.sampler.run(), "sampler")
         self._loops.spawn(self._tick_loop(), "ticker")
@@ -206,6 +207,7 @@ class Orchestrator:
         await self._effects.tasks.cancel_all()
         await self.runtimes.aclose()
         self.sampler.flush_counters()
+        self.accounts.usage.store(self._writer)
         left = [rt.name for rt in self.runtimes.values() if rt.instance.detached]
         if left:
             self.events.record("daemon", f"vramd stopped; left running: {', '.join(left)}")
@@ -216,7 +218,8 @@ class Orchestrator:
         while True:
             await self._clock.sleep(TICK_S)
             self.feed(Tick())
-            self._health.last_tick = self._clock.monotonic()
+            self._health.last_tick = now = self._clock.monotonic()
+            self.accounts.usage.store(self._writer, now=now)
 
     # -------------------------------------------------------------- policy apply
 
@@ -241,7 +244,8 @@ class Orchestrator:
         if refuse_unsafe_bind(self._bind_host, policy):
             message = (
                 f"vramd listens on {self._bind_host}, reachable from other machines: "
-                "server.api_keys and server.admin_keys must both stay set"
+                "client keys (server.api_keys or server.clients) and server.admin_keys "
+                "must both stay set"
             )
             raise PolicyError([PolicyIssue("server", message)])
         with self._store.read() as session:
@@ -276,7 +280,7 @@ class Orchestrator:
 
     def _install(self, policy: Policy, added: list[str], restart: set[str]) -> None:
         self.policy = policy
-        self._routes, self._natives = route_tables(policy), native_routes(policy)
+        self._routing = RouteTable.of(policy)
         self.keep_runtimes = self._settings.keep_runtimes or policy.server.keep_runtimes_on_exit
         for listener in self.policy_listeners:
             listener(policy)
@@ -292,7 +296,8 @@ class Orchestrator:
                 rt.retired = True
         rules, device_rule = rules_from_policy(policy)
         self._headroom = device_rule.headroom
-        self.feed(PolicyChanged(rules, device_rule, restart=frozenset(restart)))
+        clients = clients_from_policy(policy)
+        self.feed(PolicyChanged(rules, device_rule, frozenset(restart), clients))
         self.windows.reconfigure(policy)
 
     def reload_policy_file(self) -> None:
@@ -303,20 +308,11 @@ class Orchestrator:
     # ------------------------------------------------------------- for the proxy
 
     def resolve(self, model: str, route: str) -> Routed:
-        """The service that serves ``model`` and its runtime's path for ``route``; 404 if
-        no service serves the model, 400 if its service does not serve the route."""
-        name = self.policy.service_for_model(model)
-        if name is None:
-            self.metrics.request_done("", "model_not_found")
-            raise ModelNotFound(f"model {model!r} is not served here; see GET /v1/models")
-        spec = self.policy.services[name]
-        path = self._routes[name].get(route)
-        if path is None:
-            raise InvalidRequest(
-                f"model {model!r} is a {spec.kind} model and does not serve {route} "
-                f"(service {name!r}; its policy's routes: key can add it)"
-            )
-        return Routed(name, path, spec.set_params.get(model), self._natives[name].get(route))
+        try:
+            return self._routing.resolve(model, route)
+        except ModelNotFound:
+            self.accounts.counters.request_done("", "model_not_found")
+            raise
 
     def service_named(self, name: str) -> str:
         if name not in self.policy.services:
@@ -329,8 +325,10 @@ class Orchestrator:
         *,
         request_id: str | None = None,
         request_info: dict[str, Any] | None = None,
+        client: str = ANONYMOUS,
     ) -> Lease:
-        """Wait for a slot on a ready instance of ``service`` (loading it if needed).
+        """Wait for a slot on a ready instance of ``service`` (loading it if needed), in
+        ``client``'s turn (docs/policy.md, "Fair queues").
 
         ``request_info`` (body size, max_tokens, prompt length, image size) is kept for
         incident records: what the service was asked just before it ran out of memory.
@@ -344,8 +342,9 @@ class Orchestrator:
         if request_info is not None:
             rt.recent_requests.append({"ts": self._clock.now(), **request_info})
         cold = rt.instance.state is not InstanceState.READY
-        waiter = self._waiters.add(request_id, service, arrived=self._clock.monotonic(), cold=cold)
-        self.feed(RequestArrived(request_id, service))
+        now = self._clock.monotonic()
+        waiter = self._waiters.add(request_id, service, arrived=now, cold=cold, client=client)
+        self.feed(RequestArrived(request_id, service, client))
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -353,19 +352,31 @@ class Orchestrator:
             future = waiter.future
             if self._waiters.withdraw(request_id) is not None:
                 self.feed(RequestCancelled(request_id))
-                self.metrics.request_done(service, "client_gone")
+                self.accounts.ended(service, Outcome.CLIENT_GONE, client=client)
             elif future.done() and not future.cancelled() and future.exception() is None:
                 # Granted, but cancelled before the caller saw the lease: give it back.
                 self.feed(RequestFinished(request_id))
-                self.metrics.request_done(service, "client_gone")
+                self.accounts.ended(service, Outcome.CLIENT_GONE, client=client)
             raise
 
-    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+    def release(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        error: str | None = None,
+        status: int | None = None,
+        usage: AnswerUsage | None = None,
+    ) -> None:
         if outcome == Outcome.NOT_SENT:
             # The proxy asks again for the same request: it is not done, nor was it served.
             self.feed(RequestCancelled(lease.request_id))
             return
-        self.metrics.request_done(lease.service, outcome, queue_s=lease.queue_ms / 1000)
+        code = f"http_{status}" if outcome == Outcome.UPSTREAM_ERROR and status else outcome
+        self.accounts.ended(
+            lease.service, code, client=lease.caller, queue_s=lease.queue_ms / 1000,
+            runtime_s=self._clock.monotonic() - lease.granted_at, usage=usage,
+        )  # fmt: skip
         rt = self.runtimes.get(lease.service)
         if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):
             rt.counters["requests_served"] += 1
@@ -467,18 +478,7 @@ class Orchestrator:
     def node_load(self) -> views.NodeLoad:
         """Queues, residency and KV use, for ``/metrics`` at a router's 20 scrapes a second:
         the kernel's counts and the sampler's figures, nothing asked of a device."""
-        scheduler, watches = self.scheduler, self.doctor.watches
-        services = tuple(
-            views.service_load(rt, scheduler.load_of(name), watches.get(name))
-            for name, rt in self.runtimes.items()
-        )
-        budget = charged = 0
-        for device in scheduler.devices():
-            ledger = scheduler.ledger_view(device)
-            if ledger is not None:
-                budget += ledger.budget
-                charged += sum(ledger.charges.values())
-        return views.NodeLoad(services, budget_bytes=budget, charged_bytes=charged)
+        return views.node_load(self.runtimes, self.scheduler, self.doctor.watches)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from service.domain import ProbeReading
-from service.scheduler import LedgerView, ServiceView
+from service.scheduler import LedgerView, Scheduler, ServiceView
 
 if TYPE_CHECKING:
-    from service.live.runtimes import ServiceRuntime
-    from service.memory.watch import InstanceWatch
+    from service.live.runtimes import RuntimeTable, ServiceRuntime
+    from service.memory.watch import InstanceWatch, Watches
     from service.supervisor import Instance
     from service.swapstate import StateKeeper
 
@@ -54,6 +54,7 @@ def service_view(rt: ServiceRuntime, view: ServiceView) -> dict[str, Any]:
         "cap_bytes": spec.memory.cap,
         "in_flight": view.in_flight,
         "queued": view.queued,
+        "queued_by_client": dict(sorted(view.queued_by_client.items())),
         "waiting_for_memory": view.waiting_for_memory,
         # What a waiting load waits for, in words and per holder (docs/operations.md,
         # "How vramd decides", step 4).
@@ -189,3 +190,18 @@ def service_load(
         waiting_for_memory=waiting,
         kv_usage=watch.kv_usage if watch else None,
     )
+
+
+def node_load(runtimes: RuntimeTable, scheduler: Scheduler, watches: Watches) -> NodeLoad:
+    """Every service's load, and the budget charged over every device."""
+    services = tuple(
+        service_load(rt, scheduler.load_of(name), watches.get(name))
+        for name, rt in runtimes.items()
+    )
+    budget = charged = 0
+    for device in scheduler.devices():
+        ledger = scheduler.ledger_view(device)
+        if ledger is not None:
+            budget += ledger.budget
+            charged += sum(ledger.charges.values())
+    return NodeLoad(services, budget_bytes=budget, charged_bytes=charged)

@@ -27,6 +27,7 @@ from service.errors import (
     RuntimeFailed,
     WindowClosed,
 )
+from service.live.usage import AnswerUsage
 
 # The scheduler's reject codes (``service.scheduler.actions``) as the errors the API maps.
 REJECTIONS: dict[str, type[RequestRejected]] = {
@@ -77,6 +78,8 @@ class Lease:
     upstream_model: str | None = None  # rewrite "model" to this before forwarding
     queue_ms: float = 0.0  # time spent waiting (queue + load)
     cold_start: bool = False  # the request waited for a load
+    caller: str = "anonymous"  # the client who asked (docs/policy.md, "Clients and keys")
+    granted_at: float = 0.0  # monotonic: when the slot was given (usage's runtime seconds)
     # Told (request body, answer) after a whole answer or stream: set only while a
     # restored state awaits its verdict (``swapstate.verify``), so it costs nothing else.
     answered: Callable[[bytes, bytes], None] | None = None
@@ -101,7 +104,12 @@ class LeaseProvider(Protocol):
         ...
 
     async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+        self,
+        service: str,
+        *,
+        request_id: str,
+        request_info: dict[str, Any] | None = None,
+        client: str = "anonymous",
     ) -> Lease:
         """Wait for a slot at a ready instance (queueing, loading as needed).
 
@@ -111,11 +119,20 @@ class LeaseProvider(Protocol):
         """
         ...
 
-    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+    def release(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        error: str | None = None,
+        status: int | None = None,
+        usage: AnswerUsage | None = None,
+    ) -> None:
         """Called exactly once per acquired lease, however the request ended.
 
         ``error`` carries the upstream error text (body or message), so the orchestrator
-        can spot out-of-memory reports.
+        can spot out-of-memory reports; ``status`` is the runtime's HTTP status and
+        ``usage`` what its answer reported (tokens, images, audio), for usage per client.
         """
         ...
 
@@ -132,6 +149,7 @@ class Waiter:
     service: str
     arrived: float
     cold: bool
+    client: str = "anonymous"
 
 
 class Waiters:
@@ -146,9 +164,11 @@ class Waiters:
     def ids(self) -> list[str]:
         return list(self._waiting)
 
-    def add(self, request_id: str, service: str, *, arrived: float, cold: bool) -> Waiter:
+    def add(
+        self, request_id: str, service: str, *, arrived: float, cold: bool, client: str
+    ) -> Waiter:
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        waiter = Waiter(future, service, arrived, cold)
+        waiter = Waiter(future, service, arrived, cold, client)
         self._waiting[request_id] = waiter
         return waiter
 

@@ -19,6 +19,7 @@ scheduler and the bench can use it; the maintenance jobs and the adapter registr
 cron and runtime-name modules (tests/unit/test_policy.py holds the import edges). Its parts::
 
     schema.py        the pydantic models (Policy, Service, Window, ...) and field checks
+    clients.py       clients, their keys and models, and admin keys with scopes
     load.py          load_policy: YAML text -> Policy, line-numbered errors, cross checks
     diff.py          diff_policies, PolicyDiff: what applying a policy changes
     protect.py       protect values: never or a duration, and the residency defaults

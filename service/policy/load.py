@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
+from service.policy.clients import DEFAULT_CLIENT, key_digest
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
 from service.policy.protect import DEFAULT_PROTECT_S, NEVER
 from service.policy.runtime_names import SLEEP_ADAPTERS, STATE_ADAPTERS, saves_to_state_dir
@@ -28,6 +29,7 @@ from service.policy.schema import (
     DeviceConfig,
     Maintenance,
     Policy,
+    ServerConfig,
     Service,
     Window,
 )
@@ -199,6 +201,7 @@ def _partial_policy(data: dict[str, Any]) -> Policy:
     raw_windows = maintenance.get("windows") if isinstance(maintenance, dict) else None
     partial = Policy.model_construct(
         version=1,
+        server=valid(ServerConfig, data.get("server") or {}) or ServerConfig(),
         device=valid(DeviceConfig, data.get("device") or {}) or DeviceConfig(),
         services={
             name: svc
@@ -281,6 +284,7 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
         _placement_checks(policy, service, base, add)
         _placeholder_checks(name, service, base, add)
         _state_checks(service, base, add)
+    _client_checks(policy, add)
     ollama = policy.server.ollama
     if ollama is not None and ollama.port == policy.server.port:
         add(("server", "ollama", "port"), f"must differ from server.port ({ollama.port})")
@@ -289,6 +293,22 @@ def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> li
         add(("device", "headroom"), f"must be below device.budget ({format_size(budget)})")
     _window_checks(policy, add, written)
     return issues
+
+
+def _client_checks(policy: Policy, add: Callable[..., None]) -> None:
+    """Every key opens one client: no digest twice, and ``default`` is ``api_keys``'."""
+    server = policy.server
+    seen: dict[str, str] = {key_digest(key): "server.api_keys" for key in server.api_keys}
+    if server.api_keys and DEFAULT_CLIENT in server.clients:
+        add(
+            ("server", "clients", DEFAULT_CLIENT),
+            f"{DEFAULT_CLIENT!r} is the client of server.api_keys; name this one otherwise",
+            key=True,
+        )
+    for name, client in server.clients.items():
+        other = seen.setdefault(client.digest, f"server.clients.{name}")
+        if other != f"server.clients.{name}":
+            add(("server", "clients", name), f"its key is also {other}'s key", key=True)
 
 
 def _placement_checks(

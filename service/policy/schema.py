@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from service.domain import OnCap, Residency, ServiceKind
+from service.policy.clients import AdminKey, Client, ClientName, Key
 from service.policy.cron import check_cron, check_timezone
 from service.policy.protect import Protect
 from service.policy.routes import check_route_map, route_table
@@ -77,8 +78,11 @@ class ServerConfig(_Strict):
     host: StrictStr = "127.0.0.1"
     port: Annotated[StrictInt, Field(ge=1, le=65535)] = 8400
     database: StrictStr = "data/vramd.db"
-    api_keys: list[Annotated[StrictStr, Field(min_length=8)]] = []
-    admin_keys: list[Annotated[StrictStr, Field(min_length=8)]] = []
+    # The client "default": may use every model (docs/policy.md, "Clients and keys").
+    api_keys: list[Key] = []
+    # A plain key opens every scope; {key_sha256, scopes: [read, operate, apply]} fewer.
+    admin_keys: list[Key | AdminKey] = []
+    clients: dict[ClientName, Client] = {}
     max_json_body: Size = 4 * 1024**2
     max_upload_body: Size = 64 * 1024**2
     # How long a runtime may take to start answering a request (504 runtime_timeout
@@ -90,6 +94,11 @@ class ServerConfig(_Strict):
     # On SIGTERM, leave every ready runtime running for the next daemon to adopt instead
     # of stopping it (docs/operations.md, "Restarts and upgrades"); also --keep-runtimes.
     keep_runtimes_on_exit: StrictBool = False
+
+    @property
+    def keyed(self) -> bool:
+        """Whether ``/v1`` needs a key: ``api_keys`` or any client is set."""
+        return bool(self.api_keys or self.clients)
 
 
 class DeviceConfig(_Strict):
@@ -134,12 +143,18 @@ class StateConfig(_Strict):
     disk: Annotated[Size, Field(gt=0)] = 4 * 1024**3
 
 
+# How a service's queue picks the next request: in turn by client (deficit round robin
+# weighted by share), or first come first served (docs/policy.md, "Fair queues").
+Fairness = Literal["fair", "fifo"]
+
+
 class Defaults(_Strict):
     startup_timeout: Annotated[Duration, Field(gt=0)] = 120.0
     stop_timeout: Duration = 15.0
     idle_ttl: Duration = 900.0
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
+    fairness: Fairness = "fair"
     restart: RestartConfig = RestartConfig()
     priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
     health: StrictStr = "/health"
@@ -191,6 +206,7 @@ class Service(_Strict):
     protect: Protect | None = None
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
+    fairness: Fairness = "fair"
     gpus: list[GpuIndex] | None = None
     # One instance on this many devices at once (tensor or layer split): docs/policy.md,
     # "Multi-GPU placement".

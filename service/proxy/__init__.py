@@ -6,4 +6,5 @@ watchers.py  around one exchange: client hang-up, runtime silence, delayed ACKs
 dialects.py  the client's API dialect (OpenAI, Responses, Anthropic, Ollama): errors
 message_start.py  MessageStart: the opening event an Anthropic stream lacked, put back
 successor.py      relay_to_successor: a request the old daemon forwards after a hand-over
+usage.py     what an answer says it used: tokens, images, audio seconds
 """

@@ -63,10 +63,12 @@ from starlette.types import Receive, Scope, Send
 
 from service.errors import HandedOver, RequestRejected, RuntimeFailed, RuntimeTimeout
 from service.live.leases import Lease, LeaseProvider, Outcome
+from service.live.usage import AnswerUsage
 from service.proxy.dialects import ANTHROPIC
 from service.proxy.message_start import MessageStart
 from service.proxy.request import ClientRequest, ProxyConfig, new_request_id
 from service.proxy.successor import relay_to_successor
+from service.proxy.usage import answer_usage, tokens_in
 from service.proxy.watchers import Acker, DisconnectWatch, Silence
 
 log = logging.getLogger("vramd.proxy")
@@ -117,6 +119,9 @@ class ProxyResponse(Response):
         self._request = request
         self._config = config
         self._request_id = request_id or new_request_id()
+        # What the runtime answered, for usage per client (set by ``_forward``).
+        self._status: int | None = None
+        self._usage: AnswerUsage | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = DisconnectWatch(receive)
@@ -137,6 +142,7 @@ class ProxyResponse(Response):
                     self._service,
                     request_id=self._request_id,
                     request_info=dict(self._request.shape),
+                    client=self._request.client,
                 )
             except HandedOver:
                 request = self._request
@@ -165,7 +171,9 @@ class ProxyResponse(Response):
                 outcome, error = Outcome.PROXY_ERROR, repr(exc)
                 raise
             finally:
-                self._leases.release(lease, outcome=outcome, error=error)
+                self._leases.release(
+                    lease, outcome=outcome, error=error, status=self._status, usage=self._usage
+                )
             if outcome != Outcome.NOT_SENT or pause is None:
                 return
             log.info("%s; asking again for %s in %gs", error, self._service, pause)
@@ -215,7 +223,7 @@ class ProxyResponse(Response):
         try:
             ack = Acker(upstream)
             headers = _response_headers(upstream.headers) + marks
-            status = upstream.status_code
+            status = self._status = upstream.status_code
             if status < 400 and self._request.answer_type is not None:
                 headers = _with_content_type(headers, self._request.answer_type.encode())
             translator = self._request.translator
@@ -237,6 +245,9 @@ class ProxyResponse(Response):
                 failure = _failed(lease, "failed mid-way through its answer", exc)
                 return await self._answer_failure(failure, marks, scope, receive, send)
             text = body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace") if status >= 400 else None
+            if text is None:
+                content_type = upstream.headers.get("content-type", "")
+                self._usage = answer_usage(self._request.meter, body, content_type)
             if lease.answered is not None and text is None:
                 lease.answered(self._request.body, body)
             if translator is not None:
@@ -327,6 +338,7 @@ class ProxyResponse(Response):
         finally:
             silence.close()
         if failure is None:
+            self._usage = tokens_in(last[0] + last[1] + held)
             if lease.answered is not None:
                 lease.answered(self._request.body, last[0] + last[1] + held)
             if translator is not None:

@@ -114,6 +114,11 @@ class ClientRequest:
     # The client's own bytes where ``body`` differs (set_params, a native route, the
     # Ollama translation): what a hand-over relays to the new daemon (``successor.py``).
     client_body: bytes | None = None
+    # Who asked (docs/policy.md, "Clients and keys"): its fair share of the queue, usage.
+    client: str = "anonymous"
+    # What the answer is counted in, besides requests (``proxy.usage``): "tokens",
+    # "images" or "audio".
+    meter: str = "tokens"
 
     def body_for(self, upstream_model: str | None) -> bytes:
         if upstream_model is None or self.model is None or upstream_model == self.model:

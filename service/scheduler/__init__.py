@@ -10,8 +10,10 @@ actions.py    the actions that flow out: Start, Stop, StopSleeper, Grant, Reject
 pump.py       Pump and the Effects protocol: events in one at a time, each action carried out
 planner.py    run_pass: the scheduling pass after every event (drains, restarts, grants, loads)
 book.py       Book: the one owner of decision state; each move appends its action
-state.py      ServiceState, Waiter, Plan: one service's logical instance, queue, waiting load
-rules.py      ServiceRule, DeviceRule, Learned, rules_from_policy: the policy narrowed to values
+state.py      ServiceState, Plan: one service's logical instance, queue, waiting load
+fairness.py   FairQueue, Waiter, ClientRule: whose waiting request goes next, who may join
+rules.py      ServiceRule, DeviceRule, Learned, rules_from_policy, clients_from_policy: the
+              policy narrowed to values
 ledger.py     Ledger, budget_of, available_of: how many bytes each device can still hand out
 admission.py  decide: place a load, plan evictions for it, make it wait, or refuse it
 eviction.py   Resident, choose_victims: the cheapest set of victims that covers a deficit
@@ -63,18 +65,21 @@ from service.scheduler.events import (
     WindowChanged,
 )
 from service.scheduler.explain import Explanation
+from service.scheduler.fairness import ANONYMOUS, ClientRule
 from service.scheduler.ledger import LedgerView
 from service.scheduler.pump import Effects, Pump
 from service.scheduler.rules import (
     DeviceRule,
     Learned,
     ServiceRule,
+    clients_from_policy,
     expected_peak,
     rules_from_policy,
 )
 from service.scheduler.state import ServiceView
 
 __all__ = [
+    "ANONYMOUS",
     "INSUFFICIENT_CAPACITY",
     "MODEL_NOT_FOUND",
     "QUEUE_FULL",
@@ -82,6 +87,7 @@ __all__ = [
     "RUNTIME_FAILED",
     "WINDOW_CLOSED",
     "Action",
+    "ClientRule",
     "DeviceReading",
     "DeviceRule",
     "Effects",
@@ -119,6 +125,7 @@ __all__ = [
     "Tick",
     "UnloadRequested",
     "WindowChanged",
+    "clients_from_policy",
     "expected_peak",
     "rules_from_policy",
 ]

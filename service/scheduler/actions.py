@@ -91,6 +91,7 @@ class Reject:
     code: str
     message: str
     retry_after: float | None = None
+    client: str | None = None  # the request's client, when it was known
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,21 @@ import math
 from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
-from service.scheduler.actions import Action, Grant, Note, Reject, Resolve, Stop, StopSleeper
+from service.scheduler.actions import (
+    QUEUE_FULL,
+    Action,
+    Grant,
+    Note,
+    Reject,
+    Resolve,
+    Stop,
+    StopSleeper,
+)
 from service.scheduler.admission import ClockText, Room
+from service.scheduler.fairness import ANONYMOUS, ClientRule, Crowding, Waiter, make_room_for
 from service.scheduler.ledger import Holding, Ledger, LedgerView
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
-from service.scheduler.state import ServiceState, Waiter
+from service.scheduler.state import ServiceState
 
 S = InstanceState
 
@@ -40,6 +50,8 @@ class Book:
         self.services: dict[str, ServiceState] = {}
         self.requests: dict[str, str] = {}  # queued or in-flight request id -> service
         self.granted_at: dict[str, float] = {}  # in-flight request id -> when granted
+        self.client_of: dict[str, str] = {}  # in-flight request id -> its client
+        self.clients: Mapping[str, ClientRule] = {}  # server.clients, by name
         self.allowed_now: frozenset[str] = frozenset()  # window-only services allowed now
         self.next_open: dict[str, float] = {}
         self.shutting_down = False
@@ -156,13 +168,75 @@ class Book:
         self.services[rule.name] = svc
         self.reorder()
 
-    def enqueue(self, svc: ServiceState, request_id: str) -> None:
-        self.requests[request_id] = svc.name
-        svc.queue.append(Waiter(request_id, self.now, next(self._seq)))
+    def client_rule(self, client: str) -> ClientRule:
+        return self.clients.get(client) or ClientRule(client)
 
-    def grant(self, svc: ServiceState, request_id: str) -> None:
+    def share_of(self, client: str) -> float:
+        rule = self.clients.get(client)
+        return rule.share if rule is not None else 1.0
+
+    def held_by(self, svc: ServiceState) -> dict[str, int]:
+        """Each client's requests at ``svc``, in flight and waiting."""
+        held = svc.queue.by_client()
+        for request_id in svc.in_flight:
+            client = self.client_of.get(request_id, ANONYMOUS)
+            held[client] = held.get(client, 0) + 1
+        return held
+
+    def crowding(self, svc: ServiceState, client: str) -> Crowding:
+        """How ``svc``'s bound is held, with ``client`` among those present."""
+        held = self.held_by(svc)
+        present = set(held) | {client}
+        rule = svc.rule
+        return Crowding(
+            held=held,
+            bound=rule.max_concurrency + rule.queue_max,
+            shares={name: self.share_of(name) for name in sorted(present)},
+        )
+
+    def refuse_or_make_room(
+        self, svc: ServiceState, client: str
+    ) -> tuple[str, str, float | None] | None:
+        """Why a request of ``client`` may not join ``svc`` (a 429), or None; at a full
+        service, a client under its share gets in by refusing the newest waiting request
+        of the client furthest over its share (``fairness.make_room_for``)."""
+        rule, name = svc.rule, svc.name
+        limit = self.client_rule(client).max_concurrency
+        if limit is not None:
+            mine = self.held_by(svc).get(client, 0)
+            if mine >= limit:
+                message = (
+                    f"client {client} holds {mine} request(s) at {name}, its "
+                    f"max_concurrency ({limit}); others are still admitted"
+                )
+                return QUEUE_FULL, message, self.retry_queue(svc)
+        if len(svc.in_flight) + len(svc.queue) < rule.max_concurrency + rule.queue_max:
+            return None
+        full = (
+            f"{name} holds {len(svc.in_flight)} request(s) in flight and {len(svc.queue)} "
+            f"queued (max_concurrency {rule.max_concurrency} + queue.max {rule.queue_max})"
+        )
+        if not rule.fair:
+            return QUEUE_FULL, full, self.retry_queue(svc)
+        victim, why = make_room_for(svc.queue, client, self.crowding(svc, client))
+        if victim is None:
+            return QUEUE_FULL, f"{full}; {why}", self.retry_queue(svc)
+        self.reject(svc, victim, QUEUE_FULL, f"{full}; {why}", self.retry_queue(svc))
+        return None
+
+    def enqueue(self, svc: ServiceState, request_id: str, client: str) -> None:
+        self.requests[request_id] = svc.name
+        svc.queue.append(Waiter(request_id, self.now, next(self._seq), client), self.share_of)
+
+    def grant_next(self, svc: ServiceState) -> None:
+        """Grant the waiting request whose turn it is (``fairness``)."""
+        waiter = svc.queue.pop_next(fair=svc.rule.fair, share=self.share_of)
+        self.grant(svc, waiter.request_id, waiter.client)
+
+    def grant(self, svc: ServiceState, request_id: str, client: str) -> None:
         self.requests[request_id] = svc.name
         self.granted_at[request_id] = self.now
+        self.client_of[request_id] = client
         svc.in_flight.add(request_id)
         svc.last_used = self.now
         self.out.append(Grant(request_id, svc.name))
@@ -237,6 +311,7 @@ class Book:
         for request_id in svc.in_flight:
             self.requests.pop(request_id, None)
             self.granted_at.pop(request_id, None)
+            self.client_of.pop(request_id, None)
         svc.in_flight.clear()
 
     def drop_plan(self, svc: ServiceState) -> None:
@@ -264,7 +339,7 @@ class Book:
     ) -> None:
         svc.queue.remove(waiter)
         self.requests.pop(waiter.request_id, None)
-        self.out.append(Reject(waiter.request_id, svc.name, code, message, retry))
+        self.out.append(Reject(waiter.request_id, svc.name, code, message, retry, waiter.client))
 
     def reject_queue(
         self, svc: ServiceState, code: str, message: str, retry: float | None = None

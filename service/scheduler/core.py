@@ -230,27 +230,22 @@ class Scheduler:
             refusal = (act.WINDOW_CLOSED, message, book.retry_window(name))
         elif rule.residency is Residency.PINNED and svc.operator_unloaded:
             refusal = (act.INSUFFICIENT_CAPACITY, unloaded_message(svc), None)
-        elif svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
-            svc.join_batch(rid)
-            book.grant(svc, rid)
-            return
-        elif len(svc.in_flight) + len(svc.queue) >= rule.max_concurrency + rule.queue_max:
-            message = (
-                f"{name} holds {len(svc.in_flight)} request(s) in flight and "
-                f"{len(svc.queue)} queued (max_concurrency {rule.max_concurrency} + "
-                f"queue.max {rule.queue_max})"
-            )
-            refusal = (act.QUEUE_FULL, message, book.retry_queue(svc))
+        else:
+            refusal = book.refuse_or_make_room(svc, event.client)
         if refusal is not None:
-            book.out.append(Reject(rid, name, *refusal))
+            book.out.append(Reject(rid, name, *refusal, client=event.client))
             return
         svc.join_batch(rid)
-        book.enqueue(svc, rid)
+        if svc.state is S.READY and not svc.queue and len(svc.in_flight) < rule.max_concurrency:
+            book.grant(svc, rid, event.client)
+        else:
+            book.enqueue(svc, rid, event.client)
 
     def _on_request_gone(self, request_id: str, *, finished: bool) -> None:
         book = self._book
         name = book.requests.pop(request_id, None)
         granted = book.granted_at.pop(request_id, None)
+        book.client_of.pop(request_id, None)
         svc = book.services.get(name) if name is not None else None
         if svc is None:
             return
@@ -260,10 +255,9 @@ class Scheduler:
             if finished and granted is not None:
                 svc.habits.finished(book.now - granted)
             return
-        for waiter in svc.queue:
-            if waiter.request_id == request_id:
-                svc.queue.remove(waiter)
-                break
+        waiter = svc.queue.get(request_id)
+        if waiter is not None:
+            svc.queue.remove(waiter)
 
     def _on_ready(self, event: InstanceReady) -> None:
         svc = self._book.services.get(event.service)
@@ -404,6 +398,7 @@ class Scheduler:
     def _on_policy(self, event: PolicyChanged) -> None:
         book = self._book
         book.ledger.rule = event.device
+        book.clients = dict(event.clients)
         for name in sorted(set(book.services) - set(event.rules)):
             svc = book.services[name]
             if svc.removed:

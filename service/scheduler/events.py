@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.domain import DeviceReading
+from service.scheduler.fairness import ANONYMOUS, ClientRule
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 
 
@@ -20,6 +21,7 @@ from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 class RequestArrived:
     request_id: str
     service: str
+    client: str = ANONYMOUS  # whose fair share it counts against (docs/policy.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,7 @@ class PolicyChanged:
     rules: Mapping[str, ServiceRule]
     device: DeviceRule
     restart: frozenset[str] = frozenset()
+    clients: Mapping[str, ClientRule] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

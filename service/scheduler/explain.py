@@ -42,6 +42,9 @@ class Explanation:
     data: dict[str, Any] = field(default_factory=dict)
     # Every device of a spanning service's placement (``device`` is the first).
     devices: tuple[int, ...] = ()
+    # Who waits in its queue and who has requests in flight, by client (fair queues).
+    waiting: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,8 @@ class Explanation:
             "victims": list(self.victims),
             "holders": list(self.holders),
             "behind": self.behind,
+            "waiting_by_client": dict(sorted(self.waiting.items())),
+            "in_flight_by_client": dict(sorted(self.in_flight.items())),
             **self.data,
         }
 
@@ -62,6 +67,18 @@ class Explanation:
 def explain(book: Book, name: str, now: float) -> Explanation:
     """Raises ``KeyError`` for an unknown service."""
     svc = book.services[name]
+    in_flight = book.held_by(svc)
+    for client, count in svc.queue.by_client().items():
+        in_flight[client] -= count
+    return replace(
+        _explain(book, svc, now),
+        waiting=svc.queue.by_client(),
+        in_flight={client: n for client, n in in_flight.items() if n},
+    )
+
+
+def _explain(book: Book, svc: ServiceState, now: float) -> Explanation:
+    name = svc.name
     need = svc.expected_peak
     if svc.resident:
         return _resident(book, svc, need, now)

@@ -48,7 +48,7 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
             retry(book, svc)
     for svc in book.ordered():
         while svc.state is S.READY and svc.queue and len(svc.in_flight) < svc.rule.max_concurrency:
-            book.grant(svc, svc.queue.popleft().request_id)
+            book.grant_next(svc)
     # A sleeper being stopped for good is loaded once its process is gone.
     loads = [
         s

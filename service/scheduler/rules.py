@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from service.domain import Residency
 from service.policy import Policy, Service, protect_seconds
+from service.scheduler.fairness import ClientRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class ServiceRule:
     preload: bool = False
     protect_s: float | None = None
     shares: tuple[float, ...] = (1.0,)
+    # Waiting requests are taken in turn by client (False: in arrival order).
+    fair: bool = True
 
     @property
     def span(self) -> int:
@@ -107,7 +110,17 @@ def rule_from_service(name: str, service: Service) -> ServiceRule:
         preload=service.preload,
         protect_s=protect_seconds(service.protect, service.residency),
         shares=service.shares,
+        fair=service.fairness == "fair",
     )
+
+
+def clients_from_policy(policy: Policy) -> dict[str, ClientRule]:
+    """Each configured client's share and limit (``server.clients``); ``default``, the
+    client of ``server.api_keys``, and unnamed clients weigh 1 with no limit of their own."""
+    return {
+        name: ClientRule(name, client.share, client.max_concurrency)
+        for name, client in policy.server.clients.items()
+    }
 
 
 def rules_from_policy(policy: Policy) -> tuple[dict[str, ServiceRule], DeviceRule]:

@@ -12,25 +12,16 @@ it is exactly that: a load in progress holding its reservation.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.domain import RESIDENT_STATES, InstanceState, Residency
 from service.scheduler.admission import ClockText, Wait
 from service.scheduler.eviction import SOON_S, Resident
+from service.scheduler.fairness import FairQueue
 from service.scheduler.habits import Habits
 from service.scheduler.rules import Learned, ServiceRule, expected_peak, share_of
 from service.scheduler.yielding import DEFAULT_LOAD_S, Asker
-
-
-@dataclass(slots=True)
-class Waiter:
-    """A queued request. ``seq`` orders arrivals across services."""
-
-    request_id: str
-    arrived_at: float
-    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +88,8 @@ class ServiceView:
     devices: tuple[int, ...] = ()
     charges: dict[int, int] = field(default_factory=dict)
     measured_on: dict[int, int] = field(default_factory=dict)
+    # Who waits in its queue, by client (fair queues).
+    queued_by_client: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -106,7 +99,7 @@ class ServiceState:
     state: InstanceState = InstanceState.STOPPED
     # The devices the instance is on (lowest first; one unless it spans several).
     devices: tuple[int, ...] = ()
-    queue: deque[Waiter] = field(default_factory=deque)
+    queue: FairQueue = field(default_factory=FairQueue)
     in_flight: set[str] = field(default_factory=set)
     measured: int = 0
     # A span instance's measured bytes per device (``measured`` is their sum).
@@ -267,7 +260,7 @@ class ServiceState:
 
     def first_seq(self) -> int:
         """Arrival order of the load: intents (startup, operator) come before requests."""
-        return self.queue[0].seq if self.queue else -1
+        return self.queue.oldest.seq if self.queue else -1
 
     def snapshot(self, now: float, device: int | None = None) -> Resident:
         """The instance as eviction sees it at ``now``; on ``device``: its charge there."""
@@ -335,6 +328,7 @@ class ServiceState:
             devices=self.devices,
             charges={device: self.charge_on(device) for device in self.devices},
             measured_on={device: self.measured_at(device) for device in self.devices},
+            queued_by_client=self.queue.by_client(),
         )
 
     def _protected_for(self, now: float) -> float | None:

@@ -25,6 +25,7 @@ queries_policy.py   policy versions, the active service rules, maintenance windo
 queries_history.py  instances, events, maintenance runs, incidents
 queries_samples.py  device and instance memory samples, and their downsampling
 queries_stats.py    learned figures and counters per service
+queries_usage.py    usage per client and service, per hour
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from service.store.models import (
     PolicyVersion,
     ServiceRule,
     ServiceStats,
+    UsageHour,
 )
 from service.store.writer import StoreWriter
 
@@ -60,6 +62,7 @@ __all__ = [
     "ServiceStats",
     "Store",
     "StoreWriter",
+    "UsageHour",
     "migrations_dir",
     "open_store",
     "queries",

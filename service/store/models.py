@@ -7,7 +7,8 @@ Three kinds of table live here:
   survive restarts);
 - **history**: ``instances``, ``events``, ``maintenance_runs``, ``incidents``;
 - **measurements**: ``device_samples``, ``instance_samples`` (downsampled, see
-  ``queries_samples``) and ``service_stats`` (learned figures and counters).
+  ``queries_samples``), ``service_stats`` (learned figures and counters) and
+  ``usage_hours`` (each client's use of each service, per hour).
 
 Conventions: timestamps are float epoch seconds, sizes are integer bytes (``*_bytes``),
 durations are float seconds (``*_s``). History tables name a service by its string, not
@@ -284,3 +285,25 @@ class ServiceStats(Base):
     flags: Mapped[list[str]] = mapped_column(JSONValue, default=list)
     last_error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[float | None] = mapped_column(Float)
+
+
+class UsageHour(Base):
+    """One client's use of one service in one hour (docs/operations.md, "Usage per client").
+
+    ``hour`` is the hour's start (epoch seconds); ``errors`` counts the requests that did
+    not end ``ok``, by code.
+    """
+
+    __tablename__ = "usage_hours"
+    __table_args__ = (Index("ix_usage_hours_client_hour", "client", "hour"),)
+
+    hour: Mapped[float] = mapped_column(Float, primary_key=True)
+    client: Mapped[str] = mapped_column(String(64), primary_key=True)
+    service: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[dict[str, int]] = mapped_column(JSONValue, default=dict)
+    tokens_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_out: Mapped[int] = mapped_column(BigInteger, default=0)
+    runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
+    images: Mapped[int] = mapped_column(Integer, default=0)
+    audio_s: Mapped[float] = mapped_column(Float, default=0.0)

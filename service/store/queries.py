@@ -6,7 +6,8 @@ not know the split:
 - ``queries_policy``: policy versions, the normalized service rules, maintenance windows;
 - ``queries_history``: instances, events, maintenance runs, incidents;
 - ``queries_samples``: device and instance memory samples, downsampling;
-- ``queries_stats``: learned figures and counters per service.
+- ``queries_stats``: learned figures and counters per service;
+- ``queries_usage``: usage per client and service, per hour.
 
 All take the session first and everything else by keyword. They flush but never commit:
 the caller's ``store.session()`` block is the transaction, so several calls (storing a
@@ -57,6 +58,7 @@ from service.store.queries_samples import (
     instance_samples,
 )
 from service.store.queries_stats import all_stats, bump_counter, get_stats, update_stats
+from service.store.queries_usage import add_usage, usage_since
 
 __all__ = [
     "DownsampleCounts",
@@ -65,6 +67,7 @@ __all__ = [
     "add_api_window",
     "add_device_samples",
     "add_instance_samples",
+    "add_usage",
     "all_stats",
     "bump_counter",
     "delete_api_window",
@@ -98,4 +101,5 @@ __all__ = [
     "set_incident_verdict",
     "store_policy_version",
     "update_stats",
+    "usage_since",
 ]

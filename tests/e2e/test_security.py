@@ -68,7 +68,7 @@ def test_refuses_to_listen_elsewhere_without_both_key_sets(
     code, output = serve_until_exit(workdir, db=workdir / "vramd.db", env={"VRAMD_HOST": host})
     assert code == 1
     assert f"refusing to listen on {host}" in output
-    assert "api_keys and server.admin_keys must both be set" in output
+    assert "server.admin_keys must both be set" in output
     assert "Traceback" not in output
     assert not (workdir / "vramd.db").exists(), "refused before touching anything"
 

@@ -88,12 +88,25 @@ class StubLeases:
         return name
 
     async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+        self,
+        service: str,
+        *,
+        request_id: str,
+        request_info: dict[str, Any] | None = None,
+        client: str = "anonymous",
     ) -> Lease:
         svc = self.services[service]
         return Lease(request_id, service, svc.url, self._clients[svc.url], svc.upstream_model)
 
-    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
+    def release(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        error: str | None = None,
+        status: int | None = None,
+        usage: Any = None,
+    ) -> None:
         self.released.append(Released(lease.service, outcome, error))
 
     def models(self) -> list[dict[str, Any]]:

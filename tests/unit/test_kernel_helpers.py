@@ -23,6 +23,7 @@ from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.live.usage import Accounts, UsageBook
 from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
@@ -458,7 +459,7 @@ def effects(kit: Kit, tmp_path: Path) -> KernelEffects:
         doctor=doctor,
         sampler=sampler(kit, SchedulerFigures(), []),
         events=kit.events,
-        metrics=NoCounters(),
+        accounts=Accounts(NoCounters(), UsageBook(kit.clock.now)),
         writer=kit.writer,
         probe=kit.probe,
         clock=kit.clock,

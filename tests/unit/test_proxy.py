@@ -67,6 +67,7 @@ class Release:
     request_id: str
     outcome: str
     error: str | None
+    usage: Any = None
 
 
 @dataclass
@@ -97,7 +98,12 @@ class FakeLeases:
         return name
 
     async def acquire(
-        self, service: str, *, request_id: str, request_info: dict[str, Any] | None = None
+        self,
+        service: str,
+        *,
+        request_id: str,
+        request_info: dict[str, Any] | None = None,
+        client: str = "anonymous",
     ) -> Lease:
         if self.reject is not None:
             raise self.reject
@@ -118,8 +124,16 @@ class FakeLeases:
             cold_start=True,
         )
 
-    def release(self, lease: Lease, *, outcome: str, error: str | None = None) -> None:
-        self.released.append(Release(lease.request_id, outcome, error))
+    def release(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        error: str | None = None,
+        status: int | None = None,
+        usage: Any = None,
+    ) -> None:
+        self.released.append(Release(lease.request_id, outcome, error, usage))
 
     def models(self) -> list[dict[str, Any]]:
         return [
