@@ -208,6 +208,7 @@ def new_metrics(kernel: Callable[[], Orchestrator], policy: Policy, *, backend: 
     return Metrics(
         lambda: kernel().status(),
         node_load=lambda: kernel().node_load(),
+        client_usage=lambda: kernel().client_usage(),
         version=__version__,
         backend=backend,
         refresh_s=policy.device.sample_interval,

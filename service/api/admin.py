@@ -275,6 +275,29 @@ async def events(
         }
 
 
+@router.get("/api/usage")
+async def usage(
+    orchestrator: OrchestratorDep,
+    store: StoreDep,
+    writer: WriterDep,
+    since: Annotated[
+        str, Query(max_length=32, description="how far back: a duration such as 24h or 7d")
+    ] = "24h",
+    client: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """Each client's use of each service in the whole hours of the last ``since``."""
+    try:
+        back = parse_duration(since)
+    except ValueError as exc:
+        raise InvalidRequest(f"since: {exc}") from None
+    orchestrator.accounts.usage.store(writer)  # what is still in memory, stored first
+    await committed(writer)
+    start = max(0.0, time.time() - back)
+    with store.read() as session:
+        rows = queries.usage_since(session, since=start, client=client)
+    return {"since": start, "usage": rows}
+
+
 @router.get("/api/events/stream")
 async def events_stream(request: Request, orchestrator: OrchestratorDep) -> StreamingResponse:
     """Server-sent events: each new event as ``data: {json}``, a comment every 15 s."""

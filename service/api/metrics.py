@@ -43,6 +43,11 @@ vramd's own series (``device`` is the device index, ``service`` the service name
     vramd_requests_total{service, code}                            counter (live)
     vramd_load_seconds{service}                    histogram, spawn to ready (live)
     vramd_queue_wait_seconds{service}              histogram, arrival to slot (live)
+    vramd_client_requests_total{client, service}   counters per configured client
+    vramd_client_errors_total{client, service, code}
+    vramd_client_tokens_total{client, service, direction}          direction: in, out
+    vramd_client_runtime_seconds_total{client, service}
+    vramd_client_images_total{client, service}, vramd_client_audio_seconds_total{...}
 """
 
 from __future__ import annotations
@@ -61,11 +66,15 @@ from service.api.exposition import family_text
 from service.api.router_metrics import router_exposition
 from service.domain import Flag, InstanceState
 from service.kernel.views import NodeLoad
+from service.live.usage import Usage
 
 log = logging.getLogger("vramd.metrics")
 
 StatusSource = Callable[[], Mapping[str, Any]]
 NodeLoadSource = Callable[[], NodeLoad]
+# Usage since the daemon started, by (client, service): configured clients only, so the
+# series stay bounded whatever names unkeyed callers give themselves.
+ClientUsageSource = Callable[[], Mapping[tuple[str, str], Usage]]
 
 # A scrape renders vramd's own series itself when the snapshot is older than this many
 # sampler intervals (nobody scraped lately, so nothing kept it fresh).
@@ -219,6 +228,42 @@ def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
         yield family
 
 
+def client_families(usage: Mapping[tuple[str, str], Usage]) -> Iterator[Metric]:
+    """Each configured client's use of each service since the daemon started."""
+    labels = ["client", "service"]
+    requests = CounterMetricFamily(
+        "vramd_client_requests",
+        "Requests by client and service, however they ended.",
+        labels=labels,
+    )
+    errors = CounterMetricFamily(
+        "vramd_client_errors", "Requests that did not end ok, by code.", labels=[*labels, "code"]
+    )
+    tokens = CounterMetricFamily(
+        "vramd_client_tokens",
+        "Tokens the runtimes reported (direction: in, the prompt; out, the answer).",
+        labels=[*labels, "direction"],
+    )
+    runtime = CounterMetricFamily(
+        "vramd_client_runtime_seconds", "Seconds requests held a runtime's slot.", labels=labels
+    )
+    images = CounterMetricFamily("vramd_client_images", "Images the runtimes made.", labels=labels)
+    audio = CounterMetricFamily(
+        "vramd_client_audio_seconds", "Seconds of audio transcribed or spoken.", labels=labels
+    )
+    for (client, service), use in sorted(usage.items()):
+        key = [client, service]
+        requests.add_metric(key, use.requests)
+        for code, count in sorted(use.errors.items()):
+            errors.add_metric([*key, code], count)
+        tokens.add_metric([*key, "in"], use.tokens_in)
+        tokens.add_metric([*key, "out"], use.tokens_out)
+        runtime.add_metric(key, use.runtime_s)
+        images.add_metric(key, use.images)
+        audio.add_metric(key, use.audio_s)
+    yield from (requests, errors, tokens, runtime, images, audio)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     body: bytes
@@ -240,6 +285,7 @@ class Metrics:
         version: str,
         backend: str | None = None,
         node_load: NodeLoadSource | None = None,
+        client_usage: ClientUsageSource | None = None,
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -250,6 +296,7 @@ class Metrics:
         self._version = version
         self._backend = backend
         self._node_load = node_load
+        self._client_usage = client_usage
         self._refresh_s = refresh_s
         self._clock = clock
         self._wall_clock = wall_clock
@@ -337,3 +384,5 @@ class Metrics:
         """vramd's own families: the status view's, then the live instruments'."""
         yield from status_families(status, version=self._version, backend=self._backend)
         yield from self.registry.collect()
+        if self._client_usage is not None:
+            yield from client_families(self._client_usage())

@@ -2,7 +2,7 @@
 
     console.py    the consoles, exit codes and one-line failures every command shares
     daemon.py     commands on this machine, no daemon needed: check, schema, serve, db, import
-    client.py     commands that talk to a running daemon over HTTP: ps, load ... incidents
+    client.py     commands that talk to a running daemon over HTTP: ps, load ... usage
     windows.py    the ``windows`` group, a client command group of its own
     render.py     how the daemon's JSON reads on a terminal: its tables and lines
     admin_api.py  AdminClient: the admin API's requests, typed, for the client commands
@@ -44,6 +44,7 @@ for command in (
     client.apply,
     client.events,
     client.incidents,
+    client.usage,
 ):
     app.command()(command)
 app.add_typer(daemon.db_app, name="db")

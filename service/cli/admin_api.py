@@ -172,6 +172,10 @@ class AdminClient:
     def incident(self, incident_id: int) -> dict[str, Any]:
         return self._json("GET", f"/api/incidents/{incident_id}")
 
+    def usage(self, *, since: str, client: str | None = None) -> dict[str, Any]:
+        params = {"since": since} | ({"client": client} if client else {})
+        return self._json("GET", "/api/usage", params=params)
+
     # --------------------------------------------------------------- plumbing
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:

@@ -32,9 +32,11 @@ from service.cli.render import (
     incident_lines,
     incidents_table,
     issue_text,
+    local_time,
     service_notes,
     services_table,
     state_notes,
+    usage_table,
 )
 from service.settings import ClientSettings
 
@@ -279,3 +281,27 @@ def incidents(
         out.print("no incidents recorded")
         return
     out.print(incidents_table(listed))
+
+
+# -------------------------------------------------------------------- usage
+
+
+def usage(
+    client: Annotated[str | None, typer.Option("--client", help="Only this client.")] = None,
+    since: Annotated[
+        str, typer.Option("--since", help="How far back, in whole hours: 24h, 7d, 90m.")
+    ] = "24h",
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Each client's use of each service: requests, errors, tokens, runtime seconds."""
+    with connect(url) as client_api:
+        answer = client_api.usage(since=since, client=client)
+    if as_json:
+        print_json(answer)
+        return
+    rows = answer.get("usage", [])
+    if not rows:
+        out.print(f"no requests since {local_time(answer.get('since'))}", markup=False)
+        return
+    out.print(usage_table(rows))

@@ -22,6 +22,7 @@ import typer
 from service.cli.console import EXIT_FAILED, err, fail, out, read_text
 from service.errors import PolicyError, StoreError
 from service.policy import Policy, Service, load_policy, policy_json_schema, starvation_warnings
+from service.policy.clients import key_warnings, unmatched_patterns
 from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
@@ -88,7 +89,17 @@ def check(path: Annotated[Path, typer.Argument(help="Policy file to validate.")]
             f"{format_duration(window.duration)}",
             markup=False,
         )
-    for warning in starvation_warnings(policy):
+    for name, client in policy.server.clients.items():
+        models = "all models" if client.models is None else "models " + ", ".join(client.models)
+        limit = f", max_concurrency {client.max_concurrency}" if client.max_concurrency else ""
+        out.print(f"  client {name}: {models}, share {client.share:g}{limit}", markup=False)
+    server = policy.server
+    served = [model for service in policy.services.values() for model in service.models]
+    for warning in (
+        *starvation_warnings(policy),
+        *key_warnings(server.clients, server.admin_keys),
+        *unmatched_patterns(server.clients, served),
+    ):
         out.print(f"warning: {warning}", markup=False)
 
 

@@ -194,6 +194,7 @@ def client_lines(answer: dict[str, Any]) -> Iterator[str]:
             listed = ", ".join(f"{client} {n}" for client, n in counts.items())
             yield f"  {what}, by client: {listed}"
 
+
 # --------------------------------------------------------------- apply, events
 
 
@@ -253,6 +254,28 @@ def incidents_table(incidents: Iterable[dict[str, Any]]) -> Table:
             incident.get("kind"),
             incident.get("verdict"),
             incident.get("summary"),
+        )
+    return table
+
+
+def usage_table(rows: Iterable[dict[str, Any]]) -> Table:
+    table = new_table(
+        "CLIENT", "SERVICE", "REQUESTS", "ERRORS", "TOKENS IN", "TOKENS OUT", "RUNTIME", "MEDIA"
+    )
+    for row in rows:
+        errors = row.get("errors_by_code") or {}
+        media = [f"{row['images']} images"] if row.get("images") else []
+        media += [f"{format_duration(row['audio_s'])} audio"] if row.get("audio_s") else []
+        add_row(
+            table,
+            row.get("client"),
+            row.get("service"),
+            row.get("requests"),
+            ", ".join(f"{n} {code}" for code, n in errors.items()) or "0",
+            row.get("tokens_in"),
+            row.get("tokens_out"),
+            format_duration(row.get("runtime_s") or 0),
+            ", ".join(media) or "-",
         )
     return table
 

@@ -42,7 +42,7 @@ from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
-from service.live.usage import Accounts, AnswerUsage
+from service.live.usage import Accounts, AnswerUsage, Usage
 from service.maintenance.windows import Windows
 from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
@@ -479,6 +479,10 @@ class Orchestrator:
         """Queues, residency and KV use, for ``/metrics`` at a router's 20 scrapes a second:
         the kernel's counts and the sampler's figures, nothing asked of a device."""
         return views.node_load(self.runtimes, self.scheduler, self.doctor.watches)
+
+    def client_usage(self) -> dict[tuple[str, str], Usage]:
+        """Usage since start of the configured clients (``/metrics``' per-client series)."""
+        return self.accounts.usage.of_clients(self.policy.server.client_names)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""

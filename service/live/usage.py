@@ -10,7 +10,7 @@ store last took it (``take``), for ``usage_hours`` in SQLite (docs/operations.md
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,6 +129,11 @@ class UsageBook:
         if hour is None:
             hour = self._pending[key] = Usage()
         hour.add(code, runtime_s, usage)
+
+    def of_clients(self, clients: Iterable[str]) -> dict[tuple[str, str], Usage]:
+        """The totals since start of these clients only."""
+        wanted = set(clients)
+        return {key: use for key, use in self.totals.items() if key[0] in wanted}
 
     def take(self) -> dict[HourKey, Usage]:
         """The changes since the last take, per hour, client and service (for the store)."""

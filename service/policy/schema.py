@@ -96,6 +96,11 @@ class ServerConfig(_Strict):
     keep_runtimes_on_exit: StrictBool = False
 
     @property
+    def client_names(self) -> tuple[str, ...]:
+        """The clients keys name: ``default`` (``api_keys``) and each of ``clients``."""
+        return (*(["default"] if self.api_keys else []), *self.clients)
+
+    @property
     def keyed(self) -> bool:
         """Whether ``/v1`` needs a key: ``api_keys`` or any client is set."""
         return bool(self.api_keys or self.clients)
