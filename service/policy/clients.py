@@ -16,7 +16,16 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictInt,
+    StrictStr,
+    Tag,
+    model_validator,
+)
 
 DEFAULT_CLIENT = "default"
 CLIENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
@@ -93,6 +102,19 @@ class AdminKey(_Keyed):
     scopes: Annotated[list[Scope], Field(min_length=1)] = [Scope.READ]
 
 
+def _admin_form(value: object) -> str:
+    return "admin_key[scoped]" if isinstance(value, dict) else "admin_key[plain]"
+
+
+# An entry of ``server.admin_keys``: a plain key (every scope) or a mapping. Tagged, so an
+# error names the one form the entry was written in, not both. (Branch names with "[" are
+# left out of error paths by the loader.)
+AdminKeyEntry = Annotated[
+    Annotated[Key, Tag("admin_key[plain]")] | Annotated[AdminKey, Tag("admin_key[scoped]")],
+    Discriminator(_admin_form),
+]
+
+
 def key_warnings(clients: dict[str, Client], admin_keys: list[str | AdminKey]) -> list[str]:
     """Keys written plainly in the policy file (``vramd check`` warns: use digests)."""
     plain = [f"server.clients.{name}" for name, c in clients.items() if c.key is not None]
@@ -128,6 +150,7 @@ __all__ = [
     "CLIENT_NAME_PATTERN",
     "DEFAULT_CLIENT",
     "AdminKey",
+    "AdminKeyEntry",
     "Client",
     "ClientName",
     "Scope",

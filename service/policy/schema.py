@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from service.domain import OnCap, Residency, ServiceKind
-from service.policy.clients import AdminKey, Client, ClientName, Key
+from service.policy.clients import AdminKeyEntry, Client, ClientName, Key
 from service.policy.cron import check_cron, check_timezone
 from service.policy.protect import Protect
 from service.policy.routes import check_route_map, route_table
@@ -81,7 +81,7 @@ class ServerConfig(_Strict):
     # The client "default": may use every model (docs/policy.md, "Clients and keys").
     api_keys: list[Key] = []
     # A plain key opens every scope; {key_sha256, scopes: [read, operate, apply]} fewer.
-    admin_keys: list[Key | AdminKey] = []
+    admin_keys: list[AdminKeyEntry] = []
     clients: dict[ClientName, Client] = {}
     max_json_body: Size = 4 * 1024**2
     max_upload_body: Size = 64 * 1024**2

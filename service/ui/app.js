@@ -655,6 +655,31 @@ async function refreshIncidents() {
     el("tbody", {}, ...rows)));
 }
 
+// ------------------------------------------------------------------ usage
+
+async function refreshUsage() {
+  const data = await api("/api/usage?since=24h");
+  const host = document.getElementById("usage");
+  if (!data.usage.length) {
+    host.replaceChildren(el("p", { class: "muted empty-row", text: "No requests in the last 24 hours." }));
+    return;
+  }
+  const errors = (u) => Object.entries(u.errors_by_code).map(([code, n]) => `${n} ${code}`).join(", ");
+  const rows = data.usage.map((u) => el("tr", {},
+    el("td", { text: u.client }),
+    el("td", { text: u.service }),
+    el("td", { class: "num", text: String(u.requests) }),
+    el("td", { class: "num", title: errors(u), text: String(u.errors) }),
+    el("td", { class: "num", text: `${u.tokens_in} / ${u.tokens_out}` }),
+    el("td", { class: "num", text: duration(u.runtime_s) })));
+  host.replaceChildren(el("table", { class: "usage" },
+    el("caption", { class: "visually-hidden", text: "Requests by client and service" }),
+    el("thead", {}, el("tr", {},
+      ...["Client", "Service", "Requests", "Errors", "Tokens in / out", "Runtime"].map((h) =>
+        el("th", { scope: "col", text: h })))),
+    el("tbody", {}, ...rows)));
+}
+
 // ------------------------------------------------------------------ the loop
 
 let refreshing = false;
@@ -718,8 +743,10 @@ async function start() {
   every(STATUS_EVERY_MS, refreshStatus);
   every(CHARTS_EVERY_MS, refreshCharts);
   every(INCIDENTS_EVERY_MS, refreshIncidents);
+  every(INCIDENTS_EVERY_MS, refreshUsage);
   refreshCharts();
   refreshIncidents().catch(() => {});
+  refreshUsage().catch(() => {});
   try {
     await loadRecentEvents();
   } catch (error) {

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 ARTIFACTS = REPO_ROOT / "artifacts"
 # Model names may hold markup characters; the page must show them as text.
 HOSTILE_MODEL = "<img/src=x/onerror=window.__pwned=1>"
+CHAT_MODEL = "demo-chat"
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +79,12 @@ def table(page: Page) -> dict[str, dict[str, Any]]:
 def test_dashboard_shows_services_and_unloads_one(
     daemon: Daemon, chromium_path: str, tmp_path: Path
 ) -> None:
+    asked = daemon.post(
+        "/v1/chat/completions",
+        json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Vramd-Client": "family-laptop"},
+    )
+    assert asked.status_code == 200, asked.text
     with chromium(chromium_path, tmp_path) as page:
         page.set_viewport(1280, 800)
         page.navigate(daemon.url + "/")
@@ -108,6 +115,10 @@ def test_dashboard_shows_services_and_unloads_one(
         page.wait_for("document.getElementById('conn').dataset.state === 'live'")
         page.wait_for("document.querySelector('.chart[data-service=chat] path.line') !== null")
         assert page.evaluate("document.querySelector('#incidents').textContent").strip()
+        # Usage by client: the request above, under the name its client gave.
+        page.wait_for("document.querySelector('#usage table.usage') !== null")
+        usage = page.evaluate("document.querySelector('#usage tbody tr').textContent")
+        assert usage.startswith("family-laptopchat1"), usage
 
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(ARTIFACTS / "dashboard.png")
