@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.domain import Residency
 from service.errors import PolicyError, PolicyIssue
-from service.policy.clients import DEFAULT_CLIENT, key_digest
+from service.policy.clients import CLIENT_NAME_PATTERN, DEFAULT_CLIENT, key_digest
 from service.policy.placeholders import CAP_PLACEHOLDERS, PLACEHOLDERS, placeholders_in
 from service.policy.protect import DEFAULT_PROTECT_S, NEVER
 from service.policy.runtime_names import SLEEP_ADAPTERS, STATE_ADAPTERS, saves_to_state_dir
@@ -218,19 +218,22 @@ def _partial_policy(data: dict[str, Any]) -> Policy:
 
 
 def _check_names(data: dict[str, Any], positions: Positions) -> list[PolicyIssue]:
-    """Service names are dict keys, which pydantic does not pattern-check."""
-    services = data.get("services")
-    if not isinstance(services, dict):
-        return []
-    return [
-        _issue(
-            ("services", name),
-            "service name must match [a-z0-9][a-z0-9_.-]{0,62} (lowercase, no slashes)",
-            positions.of_key(("services", name)),
-        )
-        for name in services
-        if not isinstance(name, str) or not re.match(NAME_PATTERN, name)
-    ]
+    """Service and client names are dict keys, which pydantic does not pattern-check."""
+    server = data.get("server")
+    clients = server.get("clients") if isinstance(server, dict) else None
+    named = [
+        ("services", data.get("services"), NAME_PATTERN, "service name must match "
+         "[a-z0-9][a-z0-9_.-]{0,62} (lowercase, no slashes)"),
+        ("server.clients", clients, CLIENT_NAME_PATTERN, "client name must be 1-64 letters, "
+         "digits, '_', '.', '@' or '-', starting with a letter or digit"),
+    ]  # fmt: skip
+    issues = []
+    for where, names, pattern, message in named:
+        for name in names if isinstance(names, dict) else ():
+            if not isinstance(name, str) or not re.match(pattern, name):
+                path = (*where.split("."), name)
+                issues.append(_issue(path, message, positions.of_key(path)))
+    return issues
 
 
 def _cross_checks(policy: Policy, positions: Positions, written: set[str]) -> list[PolicyIssue]:
