@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real image image-runtimes test-image real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
+.PHONY: run test test-fast test-real image image-runtimes test-image real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-fairness bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -153,6 +153,12 @@ bench-tune: $(VENV)/.installed-dev
 # relay (docs/benchmarks.md, "The hot path"); about half a minute.
 bench-proxy: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.proxy --json bench/out/proxy.json --markdown bench/out/proxy.md
+
+# Fair queues between clients on a running daemon: one client's flood against another's
+# steady requests, fairness: fifo against fair, and the CPU per request of 50 configured
+# clients (docs/benchmarks.md, "Fairness between clients"); about six minutes.
+bench-fairness: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.fairness --json bench/out/fairness.json --markdown bench/out/fairness.md
 
 # What an idle daemon costs: CPU and RSS on the demo policy and on twenty services
 # (docs/benchmarks.md, "Idle cost"); about a minute and a half.

@@ -209,7 +209,7 @@ class Book:
                     f"client {client} holds {mine} request(s) at {name}, its "
                     f"max_concurrency ({limit}); others are still admitted"
                 )
-                return QUEUE_FULL, message, self.retry_queue(svc)
+                return QUEUE_FULL, message, self.share_retry(svc, client)
         if len(svc.in_flight) + len(svc.queue) < rule.max_concurrency + rule.queue_max:
             return None
         full = (
@@ -220,9 +220,27 @@ class Book:
             return QUEUE_FULL, full, self.retry_queue(svc)
         victim, why = make_room_for(svc.queue, client, self.crowding(svc, client))
         if victim is None:
-            return QUEUE_FULL, f"{full}; {why}", self.retry_queue(svc)
-        self.reject(svc, victim, QUEUE_FULL, f"{full}; {why}", self.retry_queue(svc))
+            return QUEUE_FULL, f"{full}; {why}", self.share_retry(svc, client)
+        retry = self.share_retry(svc, victim.client, but=1, joining=client)
+        self.reject(svc, victim, QUEUE_FULL, f"{full}; {why}", retry)
         return None
+
+    def share_retry(
+        self, svc: ServiceState, client: str, *, but: int = 0, joining: str | None = None
+    ) -> float:
+        """Retry-After for a client refused for its own share or limit: how long the
+        requests it already has waiting take at its share of the service's slots (at
+        least a plain ``queue_full``'s, at most the queue's timeout). Honest, it keeps a
+        flooding client from asking again many times a second. ``but``: its requests that
+        leave the line now; ``joining``: a client that joins the service now."""
+        base = self.retry_queue(svc)
+        service_s = svc.habits.service_s
+        if service_s is None:
+            return base
+        shares = self.crowding(svc, joining or client).shares
+        rate = svc.rule.max_concurrency / service_s * shares[client] / sum(shares.values())
+        ahead = max(0, svc.queue.waiting_of(client) - but)
+        return min(svc.rule.queue_timeout_s, max(base, ahead / rate))
 
     def enqueue(self, svc: ServiceState, request_id: str, client: str) -> None:
         self.requests[request_id] = svc.name

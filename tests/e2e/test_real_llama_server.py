@@ -197,3 +197,44 @@ def test_the_ollama_client_chats_with_llama_server_through_vramd(
     assert MODEL in names
     client.close()
     assert httpx.get(f"http://127.0.0.1:{ollama_port}/api/version").status_code == 401
+
+
+def test_usage_counts_the_tokens_llama_server_reports(daemon: Daemon) -> None:
+    """Usage per client (docs/operations.md): the tokens are the runtime's own figures,
+    from whole answers and from a stream's last event (``include_usage``)."""
+
+    def counted() -> dict[str, int]:
+        rows = daemon.get("/api/usage", params={"client": "default"}).json()["usage"]
+        row = next((r for r in rows if r["service"] == "chat"), {})
+        return {k: row.get(k, 0) for k in ("requests", "errors", "tokens_in", "tokens_out")}
+
+    before = counted()
+    reported = {"tokens_in": 0, "tokens_out": 0}
+    with openai.OpenAI(
+        base_url=f"{daemon.url}/v1", api_key=KEY, timeout=180, max_retries=0
+    ) as client:
+        for prompt in ("Hello", "Tell me a story about a cat and a dog"):
+            chat = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=5
+            )
+            assert chat.usage is not None
+            reported["tokens_in"] += chat.usage.prompt_tokens
+            reported["tokens_out"] += chat.usage.completion_tokens
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Count to three"}],
+                max_tokens=3,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        usage = chunks[-1].usage
+        assert usage is not None, "llama-server sends usage in the stream's last event"
+        reported["tokens_in"] += usage.prompt_tokens
+        reported["tokens_out"] += usage.completion_tokens
+    after = counted()
+    assert after["requests"] - before["requests"] == 3
+    assert after["errors"] == before["errors"]
+    assert after["tokens_in"] - before["tokens_in"] == reported["tokens_in"] > 0
+    assert after["tokens_out"] - before["tokens_out"] == reported["tokens_out"] > 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
+
 from service.domain import Residency
 from service.scheduler import (
     Action,
@@ -50,7 +52,7 @@ def svc(max_concurrency: int = 1, queue_max: int = 64, *, fair: bool = True) -> 
 class Box:
     """A scheduler with one ready service and the clients of a policy."""
 
-    def __init__(self, rule: ServiceRule, *clients: ClientRule) -> None:
+    def __init__(self, rule: ServiceRule, *clients: ClientRule, service_s: float = 0.0) -> None:
         self.rule = rule
         self.sched = Scheduler({rule.name: rule}, DeviceRule())
         self.now = 0.0
@@ -62,6 +64,7 @@ class Box:
         self.ids = iter(range(10**6))
         warm = self.request("warmup")
         self.send(InstanceReady(rule.name))
+        self.now += service_s  # what the service's requests take, learned from this one
         self.send(RequestFinished(warm[0]))
 
     def send(self, event: object) -> list[Action]:
@@ -175,6 +178,19 @@ def test_a_full_service_admits_a_client_under_its_share_by_refusing_the_greedy_o
     # The service's bound still holds for everyone together.
     view = box.sched.service_view("img")
     assert view.in_flight + view.queued == 10
+
+
+def test_a_refused_flood_is_told_to_come_back_when_its_line_has_moved() -> None:
+    box = Box(svc(max_concurrency=2, queue_max=8), service_s=0.5)
+    box.request("alice", 10)
+    box.request("bob")
+    (pushed,) = refused(box.last)
+    # alice has 7 requests still waiting, served at her half of 2 slots of 0.5 s each:
+    # 3.5 s, rather than a blind second that would bring the flood back many times over.
+    assert pushed.retry_after == pytest.approx(3.5, rel=0.01)
+    box.request("bob", 4)
+    (own,) = refused(box.request("bob") and box.last)
+    assert own.client == "bob" and own.retry_after == pytest.approx(5 / 2, rel=0.01)
 
 
 def test_a_client_at_its_share_of_a_full_service_gets_429_naming_it() -> None:
