@@ -15,8 +15,9 @@ Each scenario runs under ``fairness: fifo`` (the order before clients) and ``fai
 two queue bounds: ``queue.max: 256`` (the whole flood waits) and ``32`` (most of it is
 refused and retried). Reported per run: B's and C's wait (the time to their answer, 429
 retries included, less the service time of the same request on an idle service) at p50
-and p99, B's refusals, and A's throughput (requests answered per second while its flood
-lasts). The target (issue 38): under ``fair``, B's p99 wait within 2 service times.
+and p99, B's refusals, A's throughput (requests answered per second while its flood
+lasts) and the service's (A's and B's together: whether it stayed busy). The target
+(issue 38): under ``fair``, B's p99 wait within 2 service times.
 
 Then the daemon's CPU per request (psutil, the daemon process alone) for a burst of
 ``--cpu-requests`` requests at a runtime that answers at once, sent as 50 configured
@@ -61,6 +62,7 @@ COLUMNS = (
     "C wait p50 s",
     "C wait p99 s",
     "A req/s",
+    "img req/s",
     "A 429s",
 )
 CPU_COLUMNS = ("clients", "requests", "daemon CPU s", "CPU ms / request", "req/s")
@@ -136,29 +138,29 @@ async def scenario(url: str, flood: int, seed: int) -> dict[str, Any]:
         a_refusals, b_refusals, c_refusals = [0], [0], [0]
         flood_done = asyncio.Event()
 
-        async def steady(key: str, model: str, refusals: list[int]) -> list[float]:
+        async def steady(key: str, model: str, refusals: list[int]) -> list[tuple[float, float]]:
             await asyncio.sleep(random.Random(seed).uniform(0.2, PERIOD_S))
-            waits: list[float] = []
             pending: list[asyncio.Task[tuple[float, float]]] = []
             while not flood_done.is_set():
                 pending.append(asyncio.create_task(ask(client, key, model, refusals)))
                 await asyncio.sleep(PERIOD_S)
-            for sent, done in await asyncio.gather(*pending):
-                waits.append(max(0.0, done - sent - service_s))
-            return waits
+            return list(await asyncio.gather(*pending))
 
         started = time.monotonic()
         flood_tasks = [ask(client, KEYS["a"], "img-model", a_refusals) for _ in range(flood)]
         b = asyncio.create_task(steady(KEYS["b"], "img-model", b_refusals))
         c = asyncio.create_task(steady(KEYS["c"], "chat-model", c_refusals))
         answered = await asyncio.gather(*flood_tasks)
-        flood_s = max(done for _, done in answered) - started
+        flood_end = max(done for _, done in answered)
+        flood_s = flood_end - started
         flood_done.set()
-        b_waits, c_waits = await b, await c
+        b_asked, c_asked = await b, await c
     return {
         "service_s": service_s,
-        "b_waits": b_waits,
-        "c_waits": c_waits,
+        "b_waits": [max(0.0, done - sent - service_s) for sent, done in b_asked],
+        "c_waits": [max(0.0, done - sent - service_s) for sent, done in c_asked],
+        # The service's throughput while the flood lasted: A's and B's answers in that time.
+        "img_per_s": (flood + sum(done <= flood_end for _, done in b_asked)) / flood_s,
         "b_refusals": b_refusals[0],
         "a_refusals": a_refusals[0],
         "a_per_s": flood / flood_s,
@@ -219,9 +221,11 @@ async def burst(url: str, keys: list[str | None], requests: int) -> float:
         return time.monotonic() - started
 
 
-def cpu_per_request(requests: int) -> list[dict[str, Any]]:
+def cpu_per_request(requests: int, repeat: int) -> list[dict[str, Any]]:
+    """Each setting ``repeat`` times, alternating which goes first (the noise shows)."""
     rows = []
-    for clients in (0, 50):
+    orders = [(0, 50), (50, 0)]
+    for clients in (n for run in range(repeat) for n in orders[run % 2]):
         keys = {f"c{i:02d}": f"sk-bench-client-{i:02d}-abcdef" for i in range(clients)}
         text = policy("fair", 64, 0, concurrency=8, keys=keys)
         with running_vramd(text) as vramd:
@@ -256,6 +260,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
             f"{run['c_p50_s']:.2f}",
             f"{run['c_p99_s']:.2f}",
             f"{run['a_per_s']:.2f}",
+            f"{run['img_per_s']:.2f}",
             str(run["a_refusals"]),
         ]
         for run in report["runs"]
@@ -304,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "--queue-max", type=lambda s: [int(x) for x in s.split(",")], default=[256, 32]
     )
     parser.add_argument("--cpu-requests", type=int, default=2000)
+    parser.add_argument("--cpu-repeat", type=int, default=3, help="runs of each CPU setting")
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--markdown", help="write the tables to this file")
     args = parser.parse_args(argv)
@@ -317,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
         },
         "runs": run_scenarios(args),
-        "cpu": cpu_per_request(args.cpu_requests),
+        "cpu": cpu_per_request(args.cpu_requests, args.cpu_repeat),
     }
     console = Console() if sys.stdout.isatty() else Console(width=140)
     console.print(rich_table(caption(report), COLUMNS, table_rows(report)))

@@ -228,19 +228,27 @@ class Book:
     def share_retry(
         self, svc: ServiceState, client: str, *, but: int = 0, joining: str | None = None
     ) -> float:
-        """Retry-After for a client refused for its own share or limit: how long the
-        requests it already has waiting take at its share of the service's slots (at
-        least a plain ``queue_full``'s, at most the queue's timeout). Honest, it keeps a
-        flooding client from asking again many times a second. ``but``: its requests that
-        leave the line now; ``joining``: a client that joins the service now."""
+        """Retry-After for a client refused for its own share or limit: when a request it
+        sends again would be served, its line and the turns of the others waiting taken
+        in order (at least a plain ``queue_full``'s, at most the queue's timeout). Honest,
+        it keeps a flooding client from asking again many times a second. ``but``: its
+        requests that leave the line now; ``joining``: a client whose request joins now."""
         base = self.retry_queue(svc)
         service_s = svc.habits.service_s
         if service_s is None:
             return base
         shares = self.crowding(svc, joining or client).shares
-        rate = svc.rule.max_concurrency / service_s * shares[client] / sum(shares.values())
-        ahead = max(0, svc.queue.waiting_of(client) - but)
-        return min(svc.rule.queue_timeout_s, max(base, ahead / rate))
+        waiting = svc.queue.by_client()
+        if joining is not None:
+            waiting[joining] = waiting.get(joining, 0) + 1
+        ahead = max(0, waiting.get(client, 0) - but)
+        # Deficit round robin: while ``ahead`` of its requests are served, each other
+        # client is served its share's worth of turns, as far as it has requests waiting.
+        turns = ahead / shares[client]
+        work = ahead + sum(
+            min(count, turns * shares[other]) for other, count in waiting.items() if other != client
+        )
+        return min(svc.rule.queue_timeout_s, max(base, work * service_s / svc.rule.max_concurrency))
 
     def enqueue(self, svc: ServiceState, request_id: str, client: str) -> None:
         self.requests[request_id] = svc.name

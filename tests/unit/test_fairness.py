@@ -185,12 +185,12 @@ def test_a_refused_flood_is_told_to_come_back_when_its_line_has_moved() -> None:
     box.request("alice", 10)
     box.request("bob")
     (pushed,) = refused(box.last)
-    # alice has 7 requests still waiting, served at her half of 2 slots of 0.5 s each:
-    # 3.5 s, rather than a blind second that would bring the flood back many times over.
-    assert pushed.retry_after == pytest.approx(3.5, rel=0.01)
-    box.request("bob", 4)
+    # alice has 7 requests still waiting and bob 1 between them: 8 requests on 2 slots of
+    # 0.5 s each, 2 s; not a blind second that would bring the flood back many times over.
+    assert pushed.retry_after == pytest.approx(2.0, rel=0.01)
+    box.request("bob", 4)  # bob: 5 waiting; alice: 3 (4 more of hers made room)
     (own,) = refused(box.request("bob") and box.last)
-    assert own.client == "bob" and own.retry_after == pytest.approx(5 / 2, rel=0.01)
+    assert own.client == "bob" and own.retry_after == pytest.approx(8 * 0.5 / 2, rel=0.01)
 
 
 def test_a_client_at_its_share_of_a_full_service_gets_429_naming_it() -> None:
