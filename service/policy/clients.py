@@ -103,7 +103,8 @@ class AdminKey(_Keyed):
 
 
 def _admin_form(value: object) -> str:
-    return "admin_key[scoped]" if isinstance(value, dict) else "admin_key[plain]"
+    # A mapping when validated, an ``AdminKey`` when serialized (diffs, model_dump).
+    return "admin_key[plain]" if isinstance(value, str) else "admin_key[scoped]"
 
 
 # An entry of ``server.admin_keys``: a plain key (every scope) or a mapping. Tagged, so an

@@ -54,17 +54,18 @@ def bearer(key: str) -> dict[str, str]:
 
 SERVICES = {
     "chat": {"models": ["chat-small"], "residency": "pinned"},
-    "embed": {"models": ["emb"], "kind": "embedding"},
+    # Slow enough that a second request surely meets the first one still held.
+    "embed": {"models": ["emb"], "kind": "embedding", "flags": ["--latency-ms", "1500"]},
 }
 
 
 def policy(workdir: Path, ollama: int, alice: str = ALICE_KEY) -> str:
-    services = {
-        name: demo_service(workdir, spec["models"], kind=spec.get("kind", "chat"), **{
-            k: v for k, v in spec.items() if k not in ("models", "kind")
-        })
-        for name, spec in SERVICES.items()
-    }  # fmt: skip
+    services = {}
+    for name, spec in SERVICES.items():
+        rest = {k: v for k, v in spec.items() if k not in ("models", "kind", "flags")}
+        flags = spec.get("flags", ())
+        kind = spec.get("kind", "chat")
+        services[name] = demo_service(workdir, spec["models"], *flags, kind=kind, **rest)
     return policy_yaml(services, extra=keys(alice).replace("{ollama}", str(ollama)))
 
 
@@ -193,22 +194,19 @@ def test_usage_per_client_equals_what_was_sent(box: tuple[Daemon, int]) -> None:
 def test_a_client_over_its_own_max_concurrency_gets_429_naming_it(box: tuple[Daemon, int]) -> None:
     daemon, _ = box
     carol = bearer(CAROL_KEY)
-    gate = threading.Barrier(3)
     answers: list[httpx.Response] = []
 
     def send() -> None:
-        gate.wait()
-        answers.append(
-            daemon.client.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers=carol)
-        )
+        body = {"model": "emb", "input": "x"}
+        answers.append(daemon.client.post("/v1/embeddings", json=body, headers=carol))
 
-    threads = [threading.Thread(target=send) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    first = threading.Thread(target=send)
+    first.start()
+    daemon.wait_for(lambda: sum(service_of(daemon, "embed")[k] for k in ("in_flight", "queued")))
+    send()  # carol's second while her first is held: over her max_concurrency of 1
+    first.join()
     codes = sorted(a.status_code for a in answers)
-    assert 200 in codes and 429 in codes, codes
+    assert codes == [200, 429], codes
     full = next(a for a in answers if a.status_code == 429)
     assert "client carol" in full.json()["error"]["message"]
     assert int(full.headers["retry-after"]) >= 1

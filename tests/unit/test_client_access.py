@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import wave
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from service.api.auth import ANONYMOUS, AuthConfig, Caller, scope_for
 from service.api.metrics import client_families
 from service.errors import ModelNotAllowed
 from service.live.usage import AnswerUsage, UsageBook
-from service.policy import load_policy
+from service.policy import diff_policies, load_policy
 from service.policy.clients import Scope, key_digest, key_warnings, unmatched_patterns
 from service.proxy.usage import answer_usage, tokens_in, wav_seconds
 from service.store import open_store, queries
@@ -212,3 +213,14 @@ def test_metrics_show_each_clients_use() -> None:
     assert ("vramd_client_errors", ("alice", "chat", "queue_full"), 1) in names
     assert ("vramd_client_tokens", ("alice", "chat", "out"), 7) in names
     assert ("vramd_client_runtime_seconds", ("alice", "chat"), 2.0) in names
+
+
+def test_scoped_admin_keys_dump_and_diff_without_serializer_warnings() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pydantic warns when a union member is misread
+        old, new = load_policy(POLICY), load_policy(POLICY.replace("grafana", "metrics"))
+        dumped = new.server.model_dump(mode="json")["admin_keys"]
+        diff = diff_policies(old, new)
+    assert dumped[0] == "sk-root-00000000" and dumped[1]["name"] == "metrics"
+    assert "~ server.admin_keys" in diff.lines()
+    assert "sk-" not in " ".join(diff.lines())  # the diff names keys' places, not keys
