@@ -62,6 +62,31 @@ def test_check_warns_that_protect_never_can_starve_the_lower_priorities(tmp_path
     )
 
 
+def test_check_lists_clients_and_warns_of_plain_keys_and_patterns_matching_nothing(
+    tmp_path: Path,
+) -> None:
+    text = (REPO_ROOT / "config" / "demo.yaml").read_text()
+    server = (
+        "server:\n  clients:\n"
+        "    kids: {key: sk-kids-laptop-01, models: [demo-chat, 'sdxl-*']}\n"
+        f"    batch: {{key_sha256: {'ab' * 32}, max_concurrency: 4, share: 0.5}}\n"
+    )
+    policy = tmp_path / "clients.yaml"
+    policy.write_text(
+        text.replace("server:\n", server, 1) if "server:\n" in text else text + server
+    )
+    result = vramd("check", str(policy))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "  client kids: models demo-chat, sdxl-*, share 1" in lines
+    assert "  client batch: all models, share 0.5, max_concurrency 4" in lines
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert warnings[0].startswith("warning: server.clients.kids: key is written plainly")
+    assert warnings[1] == (
+        "warning: server.clients.kids.models: 'sdxl-*' matches no model of this policy"
+    )
+
+
 def test_check_prints_every_error_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

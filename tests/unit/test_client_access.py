@@ -13,6 +13,7 @@ import pytest
 
 from service.api.auth import ANONYMOUS, AuthConfig, Caller, scope_for
 from service.api.metrics import client_families
+from service.cli.render import admission_lines
 from service.errors import ModelNotAllowed
 from service.live.usage import AnswerUsage, UsageBook
 from service.policy import diff_policies, load_policy
@@ -224,3 +225,17 @@ def test_scoped_admin_keys_dump_and_diff_without_serializer_warnings() -> None:
     assert dumped[0] == "sk-root-00000000" and dumped[1]["name"] == "metrics"
     assert "~ server.admin_keys" in diff.lines()
     assert "sk-" not in " ".join(diff.lines())  # the diff names keys' places, not keys
+
+
+def test_explain_prints_who_waits_and_who_is_served_by_client() -> None:
+    answer = {
+        "message": "img is ready on device 0, charged 1GiB",
+        "waiting_by_client": {"alice": 12, "bob": 1},
+        "in_flight_by_client": {"alice": 2},
+    }
+    assert list(admission_lines(answer)) == [
+        "img is ready on device 0, charged 1GiB",
+        "  waiting, by client: alice 12, bob 1",
+        "  in flight, by client: alice 2",
+    ]
+    assert list(admission_lines({"message": "m", "waiting_by_client": {}})) == ["m"]
