@@ -31,6 +31,7 @@ from service.errors import InsufficientScope, ModelNotAllowed, Unauthorized
 from service.policy import ServerConfig
 from service.policy.clients import (
     ALL_SCOPES,
+    ANONYMOUS,
     CLIENT_NAME_PATTERN,
     DEFAULT_CLIENT,
     AdminKey,
@@ -40,7 +41,6 @@ from service.policy.clients import (
 from service.proxy.dialects import Dialect, dialect_for
 
 T = TypeVar("T")
-ANONYMOUS = "anonymous"  # an unkeyed caller that did not name itself
 _CLIENT_NAME = re.compile(CLIENT_NAME_PATTERN)
 
 

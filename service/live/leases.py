@@ -28,6 +28,7 @@ from service.errors import (
     WindowClosed,
 )
 from service.live.usage import AnswerUsage
+from service.policy.clients import ANONYMOUS
 
 # The scheduler's reject codes (``service.scheduler.actions``) as the errors the API maps.
 REJECTIONS: dict[str, type[RequestRejected]] = {
@@ -78,7 +79,7 @@ class Lease:
     upstream_model: str | None = None  # rewrite "model" to this before forwarding
     queue_ms: float = 0.0  # time spent waiting (queue + load)
     cold_start: bool = False  # the request waited for a load
-    caller: str = "anonymous"  # the client who asked (docs/policy.md, "Clients and keys")
+    caller: str = ANONYMOUS  # the client who asked (docs/policy.md, "Clients and keys")
     granted_at: float = 0.0  # monotonic: when the slot was given (usage's runtime seconds)
     # Told (request body, answer) after a whole answer or stream: set only while a
     # restored state awaits its verdict (``swapstate.verify``), so it costs nothing else.
@@ -109,7 +110,7 @@ class LeaseProvider(Protocol):
         *,
         request_id: str,
         request_info: dict[str, Any] | None = None,
-        client: str = "anonymous",
+        client: str = ANONYMOUS,
     ) -> Lease:
         """Wait for a slot at a ready instance (queueing, loading as needed).
 
@@ -149,7 +150,7 @@ class Waiter:
     service: str
     arrived: float
     cold: bool
-    client: str = "anonymous"
+    client: str = ANONYMOUS
 
 
 class Waiters:

@@ -63,16 +63,6 @@ class Usage:
             self.images += usage.images
             self.audio_s += usage.audio_s
 
-    def merge(self, other: Usage) -> None:
-        self.requests += other.requests
-        for code, count in other.errors.items():
-            self.errors[code] = self.errors.get(code, 0) + count
-        self.tokens_in += other.tokens_in
-        self.tokens_out += other.tokens_out
-        self.runtime_s += other.runtime_s
-        self.images += other.images
-        self.audio_s += other.audio_s
-
     def row(self) -> dict[str, Any]:
         """The figures as ``usage_hours`` stores them."""
         return {
@@ -83,18 +73,6 @@ class Usage:
             "runtime_s": self.runtime_s,
             "images": self.images,
             "audio_s": self.audio_s,
-        }
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "errors": sum(self.errors.values()),
-            "errors_by_code": dict(sorted(self.errors.items())),
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "runtime_s": round(self.runtime_s, 3),
-            "images": self.images,
-            "audio_s": round(self.audio_s, 3),
         }
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 DEFAULT_CLIENT = "default"
+ANONYMOUS = "anonymous"  # a caller no key names and that did not name itself
 CLIENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -148,6 +149,7 @@ def may_use(patterns: Sequence[str] | None, model: str) -> bool:
 
 __all__ = [
     "ALL_SCOPES",
+    "ANONYMOUS",
     "CLIENT_NAME_PATTERN",
     "DEFAULT_CLIENT",
     "AdminKey",

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import httpx
 
 from service.policy import ServerConfig
+from service.policy.clients import ANONYMOUS
 from service.proxy.dialects import OPENAI, Dialect
 
 MIB = 1024 * 1024
@@ -115,7 +116,7 @@ class ClientRequest:
     # Ollama translation): what a hand-over relays to the new daemon (``successor.py``).
     client_body: bytes | None = None
     # Who asked (docs/policy.md, "Clients and keys"): its fair share of the queue, usage.
-    client: str = "anonymous"
+    client: str = ANONYMOUS
     # What the answer is counted in, besides requests (``proxy.usage``): "tokens",
     # "images" or "audio".
     meter: str = "tokens"

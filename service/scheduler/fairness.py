@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-ANONYMOUS = "anonymous"  # a request whose client is not named
+from service.policy.clients import ANONYMOUS
 
 
 @dataclass(slots=True)
