@@ -44,8 +44,8 @@ from bench.report import (
 )
 from bench.sim.fleet import PLACEMENTS, SCRAPE_S, FleetResult, run_fleet
 from bench.sim.routers import PICKER_DEFAULT, ROUTERS, Weights, make_router
-from bench.sim.setup import Setup
-from bench.sim.trace import TraceRequest, load_trace
+from service.replay.setup import Setup
+from service.replay.trace import TraceRequest, load_trace
 from service.units import parse_size
 
 FLEET_COLUMNS = ("router", *MAIN_COLUMNS[1:])

@@ -38,13 +38,13 @@ from typing import Any
 
 import httpx
 
-from bench.sim.benchdata import RuntimeBench
-from bench.sim.harness import run_system
-from bench.sim.setup import Setup
-from bench.sim.trace import TraceRequest
-from bench.systems.vramd import Vramd
 from service.domain import ServiceKind
 from service.policy import Policy
+from service.replay.benchdata import RuntimeBench
+from service.replay.harness import run_system
+from service.replay.setup import Setup
+from service.replay.trace import TraceRequest
+from service.replay.vramd import Vramd
 from service.units import parse_size
 
 MIB = 1024**2

@@ -8,9 +8,9 @@
 
 Each system runs the whole trace on a virtual clock (no sleeps; an hour of trace takes
 seconds): ``vramd`` is the daemon's own scheduler core fed the events the orchestrator
-would feed it (``bench.systems.vramd``); the others are small models of the systems
+would feed it (``service.replay.vramd``); the others are small models of the systems
 they are named for (``bench.systems.*``, each documented with what it simplifies). The
-figures are defined in ``bench.sim.metrics``; ``--json`` writes them all, the tables
+figures are defined in ``service.replay.metrics``; ``--json`` writes them all, the tables
 show the main ones. ``--live`` drives a running daemon instead (``bench.live``).
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 
 from bench import targets
 from bench.report import markdown, print_report, write_outputs
-from bench.sim.benchdata import parse_bench_data
-from bench.sim.harness import RunResult, run_system
-from bench.sim.setup import Setup, build_setup
-from bench.sim.trace import TraceRequest, load_trace
 from bench.systems import SYSTEMS
 from service.policy import load_policy
+from service.replay.benchdata import parse_bench_data
+from service.replay.harness import RunResult, run_system
+from service.replay.setup import Setup, build_setup
+from service.replay.trace import TraceRequest, load_trace
 from service.units import parse_size
 
 DEFAULT_SYSTEMS = ("vramd", "swap-one", "lru-count", "static", "unbounded")

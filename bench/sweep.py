@@ -36,13 +36,13 @@ from bench import targets
 from bench.boxes import POLICY_DIR, Case, Point, points, select
 from bench.replay import build_report, replay
 from bench.report import write_outputs
-from bench.sim.benchdata import parse_bench_data
-from bench.sim.setup import Setup, build_setup
-from bench.sim.trace import TraceRequest
 from bench.sweep_tables import line, markdown, summarize
 from bench.traces.generate import TraceParams, generate, models_of_policy, parse_groups
 from service.domain import Residency
 from service.policy import ProtectValue, load_policy, parse_protect
+from service.replay.benchdata import parse_bench_data
+from service.replay.setup import Setup, build_setup
+from service.replay.trace import TraceRequest
 
 BENCH_DATA = POLICY_DIR / "ten-services.bench.yaml"
 QUICK_EVERY = 5

@@ -40,6 +40,7 @@ from service.kernel.effects import KernelEffects
 from service.kernel.orchestrator import TICK_S, Orchestrator
 from service.kernel.sleeping import SleepMode
 from service.kernel.tickets import Tickets
+from service.kernel.tuning import AutoTuning
 from service.live.events import EventLog
 from service.live.leases import Waiters
 from service.live.runtimes import RuntimeTable
@@ -151,6 +152,9 @@ def build_orchestrator(
         writer=writer,
         clock=clock,
         settings=settings,
+        tuning=AutoTuning(
+            pump=pump, events=events, clock=clock, policy=lambda: orchestrator.policy
+        ),
     )
     return orchestrator
 

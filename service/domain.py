@@ -28,6 +28,17 @@ class Residency(enum.StrEnum):
     WINDOW_ONLY = "window-only"
 
 
+class Yielding(enum.StrEnum):
+    """How readily an idle protected holder yields early to lower priorities
+    (docs/policy.md, "Yielding"); ``auto`` lets the daemon choose among the others."""
+
+    EAGER = "eager"
+    BALANCED = "balanced"
+    RELUCTANT = "reluctant"
+    AT_DEADLINE = "at-deadline"
+    AUTO = "auto"
+
+
 class OnCap(enum.StrEnum):
     RESTART = "restart"
     STOP = "stop"

@@ -1,7 +1,5 @@
-"""The discrete-event simulator behind ``python -m bench.replay``.
+"""The bench's own simulation parts: many boxes behind a router (``fleet``, ``routers``).
 
-One run replays a trace (``trace``) against one system (``bench.systems``) on a virtual
-clock (``clock``), on a simulated device whose memory is what the runtimes really hold
-(``device``), and records what every request went through (``metrics``). ``setup``
-gathers what all systems share: the policy, the bench data, the device figures.
+The simulator itself (virtual clock, simulated device, recorder, the vramd system) is
+``service.replay``, which the daemon's ``yielding: auto`` tuner runs too.
 """

@@ -1,10 +1,10 @@
 """Many simulated vramd nodes behind one router, on one virtual clock.
 
 A fleet is ``N`` copies of the simulated daemon ``bench.replay`` runs
-(``bench.systems.vramd``), each on its own simulated box of the policy's size, all on
+(``service.replay.vramd``), each on its own simulated box of the policy's size, all on
 one ``VirtualClock`` and recording into one ``Recorder``: every request of the trace
 ends in exactly one outcome, whichever node it went to, and the figures are those of
-``bench.sim.metrics`` over the whole trace (``mem_avg_fraction``: the nodes' average).
+``service.replay.metrics`` over the whole trace (``mem_avg_fraction``: the nodes' average).
 
 Each node speaks the metric protocol the Gateway API inference extension's endpoint
 picker scrapes (``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
@@ -44,13 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bench.sim.clock import VirtualClock
-from bench.sim.harness import DRAIN_LIMIT_S, World
-from bench.sim.metrics import Recorder, summarize
-from bench.sim.setup import Setup
-from bench.sim.trace import TraceRequest
-from bench.systems.vramd import Vramd
 from service.domain import InstanceState
+from service.replay.clock import VirtualClock
+from service.replay.harness import DRAIN_LIMIT_S, World
+from service.replay.metrics import Recorder, summarize
+from service.replay.setup import Setup
+from service.replay.trace import TraceRequest
+from service.replay.vramd import Vramd
 from service.scheduler import Start
 
 SCRAPE_S = 0.05  # the picker's default metrics refresh interval

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.sim.fleet import NodeMetrics, Router
-from bench.sim.trace import TraceRequest
+from service.replay.trace import TraceRequest
 
 LORA_RUNNING = 1.0
 LORA_ROOM = 0.8

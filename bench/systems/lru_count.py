@@ -36,8 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bench.sim.harness import Slots, System, World
-from bench.sim.trace import TraceRequest
+from service.replay.harness import Slots, System, World
+from service.replay.trace import TraceRequest
 from service.scheduler.rules import share_of
 
 MAX_LOADED = 3

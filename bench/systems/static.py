@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from bench.sim.harness import Slots, System, World
-from bench.sim.trace import TraceRequest
+from service.replay.harness import Slots, System, World
+from service.replay.trace import TraceRequest
 from service.scheduler.rules import share_of
 
 RESTART_FIRST_S = 0.1  # docker's restart policy: 100 ms, doubling, capped at a minute

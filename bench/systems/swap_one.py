@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from bench.sim.harness import Slots, System, World
-from bench.sim.trace import TraceRequest
+from service.replay.harness import Slots, System, World
+from service.replay.trace import TraceRequest
 
 CONCURRENCY_LIMIT = 10
 

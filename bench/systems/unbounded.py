@@ -8,8 +8,8 @@ No real machine does better on the same trace with the same runtimes.
 
 from __future__ import annotations
 
-from bench.sim.harness import Slots, System, World
-from bench.sim.trace import TraceRequest
+from service.replay.harness import Slots, System, World
+from service.replay.trace import TraceRequest
 
 
 class Unbounded(System):

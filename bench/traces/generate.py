@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.sim.trace import TraceRequest, dump_trace
 from service.domain import ServiceKind
 from service.policy import load_policy
+from service.replay.trace import TraceRequest, dump_trace
 
 DEFAULT_POLICY = "bench/policies/ten-services.yaml"
 DEFAULT_GROUPS = "coder,chat-large;sdxl,flux,vision;whisper,tts"

@@ -59,6 +59,18 @@ async def status(orchestrator: OrchestratorDep) -> dict[str, Any]:
     return {"version": __version__, **orchestrator.status()}
 
 
+@router.get("/api/scheduler")
+async def scheduler(orchestrator: OrchestratorDep) -> dict[str, Any]:
+    """What ``yielding: auto`` stands for now, since when and why (docs/api.md)."""
+    return {"yielding": orchestrator.tuning.view()}
+
+
+@router.post("/api/scheduler/tune")
+async def tune(orchestrator: OrchestratorDep) -> dict[str, Any]:
+    """A tuning round now, whatever the schedule; answers once it has concluded."""
+    return {"yielding": await orchestrator.tuning.tune()}
+
+
 @router.get("/api/services")
 async def services(orchestrator: OrchestratorDep) -> list[dict[str, Any]]:
     return orchestrator.services_view()

@@ -110,6 +110,9 @@ class AdminClient:
     def admission(self, name: str) -> dict[str, Any]:
         return self._json("GET", f"/api/services/{name}/admission")
 
+    def scheduler(self) -> dict[str, Any]:
+        return self._json("GET", "/api/scheduler")
+
     def apply_policy(self, text: str, *, dry_run: bool = False) -> dict[str, Any]:
         """The daemon's answer: ``{dry_run, diff, lines, version, changed}``."""
         params = {"dry_run": "true"} if dry_run else {}

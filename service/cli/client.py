@@ -37,6 +37,7 @@ from service.cli.render import (
     services_table,
     state_notes,
     usage_table,
+    yielding_lines,
 )
 from service.settings import ClientSettings
 
@@ -126,13 +127,17 @@ def restart(name: NameArg, url: UrlOption = None) -> None:
 
 
 def explain(name: NameArg, url: UrlOption = None, as_json: JsonOption = False) -> None:
-    """What loading a service now would do (fit, evict, wait, never), changing nothing."""
+    """What loading a service now would do (fit, evict, wait, never), changing nothing,
+    and how the scheduler's yielding is set now."""
     with connect(url, name) as client:
         answer = client.admission(name)
+        answer["yielding"] = client.scheduler()["yielding"]
     if as_json:
         print_json(answer)
         return
     for line in admission_lines(answer):
+        out.print(line, markup=False)
+    for line in yielding_lines(answer["yielding"], name):
         out.print(line, markup=False)
 
 

@@ -186,6 +186,20 @@ def admission_lines(answer: dict[str, Any]) -> Iterator[str]:
     yield from client_lines(answer)
 
 
+def yielding_lines(yielding: dict[str, Any], service: str | None = None) -> Iterator[str]:
+    """``GET /api/scheduler``'s ``yielding``: the setting, what it stands for, and why."""
+    current = yielding["current"] + (" with top-never" if yielding.get("top_never") else "")
+    if yielding["setting"] == "auto":
+        since = local_time(yielding.get("since"), "%H:%M:%S")
+        yield f"yielding: auto, now {current} (since {since})"
+    else:
+        yield f"yielding: {yielding['setting']}"
+    own = yielding.get("services", {}).get(service) if service else None
+    if own is not None:
+        yield f"  {service} yields as {own}"
+    yield f"  why: {yielding['why']}"
+
+
 def client_lines(answer: dict[str, Any]) -> Iterator[str]:
     """Who has requests at the service, by client: waiting, and in flight."""
     for key, what in (("waiting_by_client", "waiting"), ("in_flight_by_client", "in flight")):

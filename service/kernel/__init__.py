@@ -8,6 +8,7 @@ policy_reload.py    SIGHUP: the policy file applied again
 takeover.py         adopting (or reaping) what a previous daemon left running
 routing.py          each service's route table and request shapes, per policy
 tickets.py          Tickets: operators awaiting the answer to load, unload, restart
+tuning.py           AutoTuning: ``yielding: auto``'s rounds in a background process
 views.py            the JSON views of live state (GET /api/services, ps, the dashboard)
 background.py       BackgroundTasks: work an owner must finish or cancel when it closes
 """

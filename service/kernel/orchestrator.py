@@ -27,9 +27,7 @@ from service.errors import (
     ModelNotFound,
     PolicyError,
     PolicyIssue,
-    RuntimeFailed,
     ServiceNotFound,
-    WindowClosed,
 )
 from service.health.healthz import Health
 from service.kernel import views
@@ -38,7 +36,8 @@ from service.kernel.effects import KernelEffects
 from service.kernel.policy_reload import reload_policy_file
 from service.kernel.routing import RouteTable
 from service.kernel.takeover import take_over_previous_daemon
-from service.kernel.tickets import Tickets
+from service.kernel.tickets import Tickets, raise_for
+from service.kernel.tuning import AutoTuning
 from service.live.events import EventLog
 from service.live.leases import Lease, Outcome, Routed, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
@@ -56,7 +55,6 @@ from service.scheduler import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
-    Resolve,
     RestartRequested,
     Scheduler,
     ShutdownRequested,
@@ -95,8 +93,10 @@ class Orchestrator:
         writer: StoreWriter,
         clock: Clock,
         settings: Settings,
+        tuning: AutoTuning,
     ) -> None:
         self.policy = policy
+        self.tuning = tuning
         self._routing = RouteTable.of(policy)
         self.runtimes = runtimes
         self.sampler = sampler
@@ -166,6 +166,7 @@ class Orchestrator:
         self.windows.start()
         self._loops.spawn(self.sampler.run(), "sampler")
         self._loops.spawn(self._tick_loop(), "ticker")
+        self._loops.spawn(self.tuning.run(), "tuning")
         self._health.watchdog.start()
 
     def begin_shutdown(self) -> None:
@@ -202,6 +203,7 @@ class Orchestrator:
         self.windows.shutdown()
         await self._health.watchdog.stop()
         await self._loops.cancel_all()
+        await self.tuning.close()
         self._waiters.refuse_all("vramd is shutting down", retry_after=5)
         await self._effects.stop_all("daemon shutting down", keep_ready=self.keep_runtimes)
         await self._effects.tasks.cancel_all()
@@ -437,7 +439,7 @@ class Orchestrator:
         timeout = spec.stop_timeout + spec.startup_timeout + self._settings.settle_timeout
         answer = await self._tickets.wait(ticket, timeout_s=timeout + OPERATOR_SLACK_S)
         if answer is not None:
-            _raise_for(answer)
+            raise_for(answer)
         return self.service_view(rt.name)
 
     def admission(self, name: str) -> dict[str, Any]:
@@ -487,13 +489,3 @@ class Orchestrator:
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""
         return self._health.report(failed=self._loops.failed, closing=self._closing)
-
-
-def _raise_for(answer: Resolve) -> None:
-    """An operator's answer as the API's error, if it is one."""
-    if answer.outcome == "failed":
-        raise RuntimeFailed(answer.message)
-    if answer.outcome == "refused":
-        raise InsufficientCapacity(answer.message)
-    if answer.outcome == "window_closed":
-        raise WindowClosed(answer.message, retry_after=answer.retry_after)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from service.errors import InsufficientCapacity, RuntimeFailed, WindowClosed
 from service.scheduler import Resolve
 
 
@@ -38,3 +39,13 @@ class Tickets:
         future = self._open.get(resolve.ticket)
         if future is not None and not future.done():
             future.set_result(resolve)
+
+
+def raise_for(answer: Resolve) -> None:
+    """An operator's answer as the API's error, if it is one."""
+    if answer.outcome == "failed":
+        raise RuntimeFailed(answer.message)
+    if answer.outcome == "refused":
+        raise InsufficientCapacity(answer.message)
+    if answer.outcome == "window_closed":
+        raise WindowClosed(answer.message, retry_after=answer.retry_after)

@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from service.domain import OnCap, Residency, ServiceKind
+from service.domain import OnCap, Residency, ServiceKind, Yielding
 from service.policy.clients import AdminKeyEntry, Client, Key
 from service.policy.cron import check_cron, check_timezone
 from service.policy.protect import Protect
@@ -161,6 +161,7 @@ class Defaults(_Strict):
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     fairness: Fairness = "fair"
+    yielding: Yielding = Yielding.AUTO
     restart: RestartConfig = RestartConfig()
     priority: Annotated[StrictInt, Field(ge=0, le=1000)] = 100
     health: StrictStr = "/health"
@@ -213,6 +214,8 @@ class Service(_Strict):
     max_concurrency: Annotated[StrictInt, Field(ge=1, le=10_000)] = 4
     queue: QueueConfig = QueueConfig()
     fairness: Fairness = "fair"
+    # How readily it yields early when idle and protected (docs/policy.md, "Yielding").
+    yielding: Yielding = Yielding.AUTO
     gpus: list[GpuIndex] | None = None
     # One instance on this many devices at once (tensor or layer split): docs/policy.md,
     # "Multi-GPU placement".

@@ -8,6 +8,7 @@ core.py       Scheduler: handle(event, now) records the event, runs a pass, retu
 events.py     the events that flow in: RequestArrived, InstanceReady, MemorySampled, Tick ...
 actions.py    the actions that flow out: Start, Stop, StopSleeper, Grant, Reject, Note, Resolve
 pump.py       Pump and the Effects protocol: events in one at a time, each action carried out
+traffic.py    Traffic: the recent arrivals and their service times, for `yielding: auto`
 planner.py    run_pass: the scheduling pass after every event (drains, restarts, grants, loads)
 book.py       Book: the one owner of decision state; each move appends its action
 state.py      ServiceState, Plan: one service's logical instance, queue, waiting load
@@ -61,6 +62,7 @@ from service.scheduler.events import (
     RestartRequested,
     ShutdownRequested,
     Tick,
+    TuningChanged,
     UnloadRequested,
     WindowChanged,
 )
@@ -77,9 +79,12 @@ from service.scheduler.rules import (
     rules_from_policy,
 )
 from service.scheduler.state import ServiceView
+from service.scheduler.traffic import Arrival, Traffic
+from service.scheduler.yielding import FIXED, Tuning
 
 __all__ = [
     "ANONYMOUS",
+    "FIXED",
     "INSUFFICIENT_CAPACITY",
     "MODEL_NOT_FOUND",
     "QUEUE_FULL",
@@ -87,6 +92,7 @@ __all__ = [
     "RUNTIME_FAILED",
     "WINDOW_CLOSED",
     "Action",
+    "Arrival",
     "ClientRule",
     "DeviceReading",
     "DeviceRule",
@@ -123,6 +129,9 @@ __all__ = [
     "Stop",
     "StopSleeper",
     "Tick",
+    "Traffic",
+    "Tuning",
+    "TuningChanged",
     "UnloadRequested",
     "WindowChanged",
     "clients_from_policy",

@@ -30,6 +30,7 @@ from service.scheduler.fairness import ANONYMOUS, ClientRule, Crowding, Waiter, 
 from service.scheduler.ledger import Holding, Ledger, LedgerView
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 from service.scheduler.state import ServiceState
+from service.scheduler.yielding import Tuning, conduct, top_priority
 
 S = InstanceState
 
@@ -54,6 +55,7 @@ class Book:
         self.clients: Mapping[str, ClientRule] = {}  # server.clients, by name
         self.allowed_now: frozenset[str] = frozenset()  # window-only services allowed now
         self.next_open: dict[str, float] = {}
+        self.tuning = Tuning()  # what ``yielding: auto`` stands for now
         self.shutting_down = False
         self.now = 0.0
         self.out: list[Action] = []
@@ -80,8 +82,16 @@ class Book:
         return self._order
 
     def reorder(self) -> None:
-        """The set of services or their priorities changed: sort again when next asked."""
+        """The set of services or their priorities changed: sort again when next asked,
+        and resolve each one's ``yielding`` again."""
         self._order = None
+        self.retune()
+
+    def retune(self) -> None:
+        """Each service's ``Conduct``: its own setting, or ``tuning`` where ``auto``."""
+        top = top_priority(s.rule for s in self.services.values() if not s.removed)
+        for svc in self.services.values():
+            svc.conduct = conduct(svc.rule, self.tuning, top)
 
     def allowed(self, svc: ServiceState) -> bool:
         """Whether ``svc`` may run now: not removed, not shutting down, and window-only

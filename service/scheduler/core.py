@@ -78,6 +78,7 @@ from service.scheduler.events import (
     RestartRequested,
     ShutdownRequested,
     Tick,
+    TuningChanged,
     UnloadRequested,
     WindowChanged,
 )
@@ -94,7 +95,7 @@ from service.scheduler.reasons import (
 )
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
 from service.scheduler.state import ServiceState, ServiceView
-from service.scheduler.yielding import Block, eviction_block
+from service.scheduler.yielding import Block, Tuning, eviction_block
 from service.units import format_duration
 
 S = InstanceState
@@ -122,6 +123,15 @@ class Scheduler:
 
     def service_names(self) -> tuple[str, ...]:
         return tuple(sorted(self._book.services))
+
+    @property
+    def tuning(self) -> Tuning:
+        """What ``yielding: auto`` stands for now."""
+        return self._book.tuning
+
+    def learned(self) -> dict[str, Learned]:
+        """What each service's past instances showed (peak, load time)."""
+        return {name: svc.learned for name, svc in self._book.services.items()}
 
     def service_view(self, name: str, now: float | None = None) -> ServiceView:
         """The service's decision state; ``idle_for`` is measured at ``now`` (default:
@@ -190,6 +200,9 @@ class Scheduler:
                 self._on_window(event)
             case PolicyChanged():
                 self._on_policy(event)
+            case TuningChanged():
+                book.tuning = event.tuning
+                book.retune()
             case LearnedChanged():
                 if event.service in book.services:
                     book.services[event.service].learned = event.learned

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from service.domain import DeviceReading
 from service.scheduler.fairness import ANONYMOUS, ClientRule
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
+from service.scheduler.yielding import Tuning
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,13 @@ class PolicyChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class TuningChanged:
+    """``yielding: auto`` stands for ``tuning`` from now on (the tuner chose it)."""
+
+    tuning: Tuning
+
+
+@dataclass(frozen=True, slots=True)
 class LearnedChanged:
     service: str
     learned: Learned
@@ -209,6 +217,7 @@ Event = (
     | Tick
     | WindowChanged
     | PolicyChanged
+    | TuningChanged
     | LearnedChanged
     | LoadRequested
     | UnloadRequested

@@ -74,6 +74,9 @@ class Resident:
     p_soon: float = 1.0
     reload_cost: float = 0.0
     service_s: float = 0.0
+    # Its ``yielding`` weight: what waits must outweigh weight x reload_cost (inf: never
+    # early).
+    yield_weight: float = 1.0
 
     @property
     def going(self) -> bool:

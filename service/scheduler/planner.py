@@ -120,7 +120,7 @@ def admit(book: Book, svc: ServiceState) -> None:
             _refuse(book, svc, decision.message, decision.data)
 
 
-def may_backfill(head: ServiceRule, rule: ServiceRule) -> bool:
+def may_backfill(head: ServiceRule, rule: ServiceRule, never: bool) -> bool:
     """Whether a load later in line may take memory the waiting ``head`` could use.
 
     Only if it would give the memory back: every protection yields to a waiting request
@@ -136,7 +136,7 @@ def may_backfill(head: ServiceRule, rule: ServiceRule) -> bool:
         if rule.residency is Residency.WARM
         else head.priority < rule.priority
     )
-    return not (outranks and math.isinf(rule.protection_s))
+    return not (outranks and never)
 
 
 def first_in_line(book: Book, svc: ServiceState, heads: list[ServiceState]) -> str | None:
@@ -144,7 +144,9 @@ def first_in_line(book: Book, svc: ServiceState, heads: list[ServiceState]) -> s
     overtake on a device they share (``may_backfill``), if any."""
     mine = set(candidates(book, svc.rule))
     for head in heads:
-        if mine & set(candidates(book, head.rule)) and not may_backfill(head.rule, svc.rule):
+        if mine & set(candidates(book, head.rule)) and not may_backfill(
+            head.rule, svc.rule, svc.conduct.never
+        ):
             return head.name
     return None
 

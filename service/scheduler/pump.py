@@ -6,6 +6,8 @@ requests, the simulator's move a virtual device on a virtual clock. So every dec
 the bench measures is one the daemon would take (docs/architecture.md, "The kernel's
 shape").
 
+The pump also records the traffic it carries (``traffic``) for ``yielding: auto``.
+
 ``feed`` is re-entrant: an event raised while a plan is being carried out (an effect
 that reports back at once, say) is queued and handled after the current one, so the
 scheduler always sees a consistent order.
@@ -19,7 +21,14 @@ from typing import Protocol
 
 from service.scheduler.actions import Grant, Note, Reject, Resolve, Start, Stop, StopSleeper
 from service.scheduler.core import Scheduler
-from service.scheduler.events import Event
+from service.scheduler.events import (
+    Event,
+    MemorySampled,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+)
+from service.scheduler.traffic import Traffic
 
 
 class Effects(Protocol):
@@ -59,6 +68,7 @@ class Pump:
         self._effects: Effects | None = None
         self._pending: deque[Event] = deque()
         self._feeding = False
+        self.traffic = Traffic()
 
     def connect(self, effects: Effects) -> None:
         """Attach the effects (they usually need ``feed`` themselves, so come second)."""
@@ -74,10 +84,25 @@ class Pump:
         self._feeding = True
         try:
             while self._pending:
-                for action in self.scheduler.handle(self._pending.popleft(), self._now()):
+                event, now = self._pending.popleft(), self._now()
+                self._record(event, now)
+                for action in self.scheduler.handle(event, now):
+                    if isinstance(action, Grant):
+                        self.traffic.granted(action.request_id, now)
+                    elif isinstance(action, Reject):
+                        self.traffic.ended(action.request_id, now)
                     _dispatch(effects, action)
         finally:
             self._feeding = False
+
+    def _record(self, event: Event, now: float) -> None:
+        match event:
+            case RequestArrived():
+                self.traffic.arrived(event.request_id, event.service, now)
+            case RequestFinished() | RequestCancelled():
+                self.traffic.ended(event.request_id, now)
+            case MemorySampled():
+                self.traffic.device_totals = tuple(d.total for d in event.devices)
 
 
 def _dispatch(effects: Effects, action: object) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.domain import Residency
+from service.domain import Residency, Yielding
 from service.policy import Policy, Service, protect_seconds
 from service.scheduler.fairness import ClientRule
 
@@ -45,6 +45,8 @@ class ServiceRule:
     shares: tuple[float, ...] = (1.0,)
     # Waiting requests are taken in turn by client (False: in arrival order).
     fair: bool = True
+    # How readily its idle protected instance yields early (``auto``: as tuned).
+    yielding: Yielding = Yielding.AUTO
 
     @property
     def span(self) -> int:
@@ -111,6 +113,7 @@ def rule_from_service(name: str, service: Service) -> ServiceRule:
         protect_s=protect_seconds(service.protect, service.residency),
         shares=service.shares,
         fair=service.fairness == "fair",
+        yielding=service.yielding,
     )
 
 

@@ -21,7 +21,7 @@ from service.scheduler.eviction import SOON_S, Resident
 from service.scheduler.fairness import FairQueue
 from service.scheduler.habits import Habits
 from service.scheduler.rules import Learned, ServiceRule, expected_peak, share_of
-from service.scheduler.yielding import DEFAULT_LOAD_S, Asker
+from service.scheduler.yielding import DEFAULT_LOAD_S, Asker, Conduct
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +112,8 @@ class ServiceState:
     batch_room: int = 0
     # What its traffic has shown: idle gaps, request rate, service time.
     habits: Habits = field(default_factory=Habits)
+    # How its idle instance yields: its ``yielding`` resolved (``Book.retune``).
+    conduct: Conduct = field(default_factory=Conduct)
     # Why the last admission made this load wait (None: it did not), and the load it
     # waits behind when that one is first in line for the same memory.
     wait: Wait | None = None
@@ -262,9 +264,15 @@ class ServiceState:
         """Arrival order of the load: intents (startup, operator) come before requests."""
         return self.queue.oldest.seq if self.queue else -1
 
+    @property
+    def protection_s(self) -> float:
+        """Its ``protect`` in seconds, ``math.inf`` where it never yields to lower
+        priorities (its own ``never``, or an ``auto`` tuning's)."""
+        return math.inf if self.conduct.never else self.rule.protection_s
+
     def snapshot(self, now: float, device: int | None = None) -> Resident:
         """The instance as eviction sees it at ``now``; on ``device``: its charge there."""
-        protect = self.rule.protection_s
+        protect = self.protection_s
         p_again = p_soon = 1.0
         if self.idle and self.last_used is not None:
             idle_for = max(0.0, now - self.last_used)
@@ -289,6 +297,7 @@ class ServiceState:
             p_soon=p_soon,
             reload_cost=self.rule.priority * p_again * during,
             service_s=self.habits.expected_service_s,
+            yield_weight=self.conduct.weight,
         )
 
     def waiting_text(self, now: float, clock: ClockText | None = None) -> str | None:
@@ -334,7 +343,7 @@ class ServiceState:
     def _protected_for(self, now: float) -> float | None:
         if self.state is not InstanceState.READY or not self.idle or self.last_used is None:
             return None
-        protect = self.rule.protection_s
+        protect = self.protection_s
         if math.isinf(protect) or self.rule.residency is Residency.PINNED:
             return None
         return max(0.0, self.last_used + protect - now)

@@ -22,8 +22,9 @@ yields at the earliest of
   load time). No request times out while idle memory could have served it, and none is
   waited for once it would time out during the load whatever happens;
 - the moment keeping it costs more than the requests it blocks: the waiting requests
-  that could still meet their SLO, times their priority, outweigh ``RELOAD_WEIGHT`` x
-  the holder's expected reload cost (its priority x the chance it is asked again before
+  that could still meet their SLO, times their priority, outweigh the holder's
+  ``yielding`` weight (``YIELD_WEIGHT``: eager 0, balanced 1, reluctant 4, at-deadline
+  never) x its expected reload cost (its priority x the chance it is asked again before
   its protection lapses, learned from its own idle gaps (``habits``), x the requests
   that would wait for its reload). A holder unlikely to be asked again yields to one
   fresh request; one asked every few seconds holds until the deadline.
@@ -37,6 +38,10 @@ one's first request that can still meet its SLO would otherwise miss it (five se
 times, one load allowed: its load must begin within four service times of its arrival,
 less the batch's drain and stop).
 
+``Tuning`` is what ``yielding: auto`` currently stands for (``service.replay.tuner``
+chooses it); ``conduct`` resolves a service's setting and the tuning into what its
+instance does (``Conduct``).
+
 ``holder_yield`` says why an instance holds its memory against a load now (None: it
 does not) and the latest moment it yields, so the same rule decides, explains a wait
 and names when each holder yields.
@@ -46,9 +51,10 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from service.domain import Residency
+from service.domain import Residency, Yielding
 from service.scheduler.eviction import Resident, outranks
 from service.scheduler.habits import DEFAULT_SERVICE_S
 from service.scheduler.rules import ServiceRule
@@ -59,8 +65,14 @@ from service.scheduler.rules import ServiceRule
 YIELD_MARGIN_S = 5.0
 YIELD_MARGIN_SHARE = 0.25
 # The waiting requests' worth must exceed this many times the holder's expected reload
-# cost before it yields early (docs/benchmarks.md, "protect").
-RELOAD_WEIGHT = 1.0
+# cost before it yields early, by ``yielding`` (docs/policy.md, "Yielding").
+YIELD_WEIGHT: dict[Yielding, float] = {
+    Yielding.EAGER: 0.0,
+    Yielding.BALANCED: 1.0,
+    Yielding.RELUCTANT: 4.0,
+    Yielding.AT_DEADLINE: math.inf,
+}
+FIXED = tuple(YIELD_WEIGHT)  # the settings ``auto`` chooses among
 # A request still counts as able to meet its SLO this long past the moment its holder
 # should have started to yield (decisions run on events and ticks, not at exact times).
 SAVABLE_GRACE_S = 2.0
@@ -70,6 +82,52 @@ STOP_MARGIN_S = 2.0
 DEFAULT_LOAD_S = 10.0
 # An SLO is this many service times, plus the load time once (docs/benchmarks.md).
 SLO_FACTOR = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """What ``yielding: auto`` stands for now: one fixed setting, and whether the
+    services of the highest unpinned priority behave as ``protect: never``."""
+
+    yielding: Yielding = Yielding.BALANCED
+    top_never: bool = False
+
+    def __post_init__(self) -> None:
+        if self.yielding not in YIELD_WEIGHT:
+            raise ValueError(f"auto stands for a fixed setting, not {self.yielding.value!r}")
+
+    @property
+    def label(self) -> str:
+        """``balanced``, or ``balanced+top-never``."""
+        return self.yielding.value + ("+top-never" if self.top_never else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Conduct:
+    """How one service's idle instance yields: its early-yield weight, and whether it
+    never yields to a lower priority (``protect: never``, or chosen by ``auto``)."""
+
+    weight: float = YIELD_WEIGHT[Yielding.BALANCED]
+    never: bool = False
+
+
+def conduct(rule: ServiceRule, tuning: Tuning, top_priority: int | None) -> Conduct:
+    """``rule``'s own setting, or the tuning's where it is ``auto``; ``top_priority`` is
+    the highest priority among the services that are neither pinned nor window-only."""
+    if rule.yielding is not Yielding.AUTO:
+        return Conduct(YIELD_WEIGHT[rule.yielding], math.isinf(rule.protection_s))
+    never = math.isinf(rule.protection_s) or (
+        tuning.top_never
+        and rule.priority == top_priority
+        and rule.residency in (Residency.WARM, Residency.ON_DEMAND)
+    )
+    return Conduct(YIELD_WEIGHT[tuning.yielding], never)
+
+
+def top_priority(rules: Iterable[ServiceRule]) -> int | None:
+    """The highest priority among services an ``auto`` tuning may make ``never``."""
+    movable = [r.priority for r in rules if r.residency in (Residency.WARM, Residency.ON_DEMAND)]
+    return max(movable, default=None)
 
 
 class Block(enum.StrEnum):
@@ -158,7 +216,7 @@ def holder_yield(asker: Asker, victim: Resident, now: float) -> tuple[Block | No
     if victim.busy:
         return Block.BUSY, None
     times = [t for t in (victim.protected_until(), asker.deadline(now)) if t is not None]
-    if asker.priority * asker.fresh(now) > RELOAD_WEIGHT * victim.reload_cost:
+    if asker.priority * asker.fresh(now) > victim.yield_weight * victim.reload_cost:
         times.append(now)  # what waits outweighs the holder's reload
     return _until(min(times) if times else None, Block.PROTECTED, now)
 

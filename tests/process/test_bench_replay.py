@@ -31,16 +31,16 @@ from bench.live import (
     live_setup,
     sim_events_after_start,
 )
-from bench.sim.benchdata import parse_bench_data
-from bench.sim.device import SimDevice
-from bench.sim.harness import run_system
-from bench.sim.metrics import REQUEST_KEYS, RUN_KEYS
-from bench.sim.setup import GIB, Setup, build_setup
-from bench.sim.trace import TraceRequest, dump_trace, parse_trace
 from bench.systems import SYSTEMS, LruCount
 from bench.traces.generate import ModelSpec, TraceParams, generate, zipf_shares
 from service.domain import ServiceKind
 from service.policy import load_policy
+from service.replay.benchdata import parse_bench_data
+from service.replay.device import SimDevice
+from service.replay.harness import run_system
+from service.replay.metrics import REQUEST_KEYS, RUN_KEYS
+from service.replay.setup import GIB, Setup, build_setup
+from service.replay.trace import TraceRequest, dump_trace, parse_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("policy", "settings", "store", "devices", "supervisor", "adapters", "ollama", "importers",
         "simgpu", "demo_runtime", "real_runtimes"),
     2: ("scheduler",),
-    3: ("live",),
+    3: ("live", "replay"),
     4: ("memory", "maintenance", "health", "swapstate"),
     5: ("kernel",),
     6: ("proxy",),

@@ -18,7 +18,6 @@ import yaml
 from bench.fleet import build_report, replay_fleet
 from bench.replay import load_setup
 from bench.sim.fleet import FleetNode, FleetResult, NodeMetrics, node_metrics
-from bench.sim.harness import World
 from bench.sim.routers import (
     PICKER_DEFAULT,
     AffinityRouter,
@@ -26,10 +25,11 @@ from bench.sim.routers import (
     Weights,
     affinity_scores,
 )
-from bench.sim.setup import Setup
-from bench.sim.trace import TraceRequest, load_trace
 from service.api.router_metrics import kv_cache_usage, resident_models
 from service.kernel.views import NodeLoad, ServiceLoad
+from service.replay.harness import World
+from service.replay.setup import Setup
+from service.replay.trace import TraceRequest, load_trace
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 POLICY = BENCH / "policies" / "ten-services.yaml"

@@ -11,15 +11,15 @@ import math
 
 import pytest
 
-from service.domain import InstanceState, Residency
+from service.domain import InstanceState, Residency, Yielding
 from service.scheduler import ServiceRule
 from service.scheduler.eviction import Resident
 from service.scheduler.habits import Habits
 from service.scheduler.yielding import (
-    RELOAD_WEIGHT,
     STOP_MARGIN_S,
     YIELD_MARGIN_S,
     YIELD_MARGIN_SHARE,
+    YIELD_WEIGHT,
     Asker,
     Block,
     holder_yield,
@@ -60,6 +60,7 @@ def holder(
     batch: bool = False,
     reload_cost: float = 1e9,
     service_s: float = 6.0,
+    yielding: Yielding = Yielding.BALANCED,
 ) -> Resident:
     return Resident(
         name="hi",
@@ -74,6 +75,7 @@ def holder(
         in_flight=1 if busy else 0,
         reload_cost=reload_cost,
         service_s=service_s,
+        yield_weight=YIELD_WEIGHT[yielding],
     )
 
 
@@ -119,9 +121,36 @@ def test_it_yields_early_when_what_waits_outweighs_its_reload(
     fresh: int, reload_cost: float, yields: bool
 ) -> None:
     ask = asker(*([100.0] * fresh), priority=100)
-    block, latest = holder_yield(ask, holder(reload_cost=reload_cost / RELOAD_WEIGHT), 101.0)
+    block, latest = holder_yield(ask, holder(reload_cost=reload_cost), 101.0)
     assert (block is None) is yields
     assert latest == (101.0 if yields else deadline(100.0))
+
+
+@pytest.mark.parametrize(
+    ("yielding", "reload_cost", "yields"),
+    [
+        (Yielding.EAGER, 1e9, True),  # eager: any fresh waiting request, whatever the reload
+        (Yielding.BALANCED, 99.0, True),
+        (Yielding.BALANCED, 101.0, False),
+        (Yielding.RELUCTANT, 24.0, True),  # reluctant: what waits must outweigh 4x the reload
+        (Yielding.RELUCTANT, 26.0, False),
+        (Yielding.AT_DEADLINE, 0.001, False),  # at-deadline: never early
+    ],
+)
+def test_each_yielding_setting_moves_how_early_an_idle_holder_yields(
+    yielding: Yielding, reload_cost: float, yields: bool
+) -> None:
+    ask = asker(100.0, priority=100)
+    block, latest = holder_yield(ask, holder(reload_cost=reload_cost, yielding=yielding), 101.0)
+    assert (block is None) is yields
+    assert latest == (101.0 if yields else deadline(100.0))
+
+
+def test_at_deadline_still_yields_at_the_waiters_deadline() -> None:
+    """``at-deadline`` keeps the contract: no request times out while idle memory could
+    serve it."""
+    strict = holder(reload_cost=0.0, yielding=Yielding.AT_DEADLINE)
+    assert holder_yield(asker(100.0), strict, deadline(100.0)) == (None, deadline(100.0))
 
 
 def test_requests_that_already_missed_their_slo_do_not_count_as_fresh() -> None:

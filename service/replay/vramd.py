@@ -30,6 +30,11 @@ daemon feeds, and carries out the actions that come back:
   ``Reject``: refused with its code. ``Note(evict)``: counted.
 - Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
   raises the learned peak (``LearnedChanged``), as ``service.memory.sampling`` does.
+- ``yielding: auto``: the tuner (``tuner.Tuner``) is asked on every tick whether a round
+  is due, as the daemon's is; its replays run in place (the daemon runs them in a
+  background process) and its choice is fed as ``TuningChanged``. ``fixed_system``
+  makes the system that holds one fixed setting for every ``auto`` service instead
+  (``vramd:eager``, ...), and never tunes.
 
 Simplified away: the settle barrier's probe polling (memory is gone exactly at
 ``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
@@ -40,9 +45,11 @@ leftover context, maintenance windows and operator loads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from bench.sim.harness import System, World
-from bench.sim.trace import TraceRequest
+from service.replay import tuner as tuning
+from service.replay.harness import System, World
+from service.replay.trace import TraceRequest
 from service.scheduler import (
     RUNTIME_FAILED,
     DeviceReading,
@@ -69,6 +76,8 @@ from service.scheduler import (
     Stop,
     StopSleeper,
     Tick,
+    Tuning,
+    TuningChanged,
 )
 from service.supervisor.backoff import RestartPolicy, RestartTracker
 
@@ -92,6 +101,8 @@ class Proc:
 
 class Vramd(System):
     name = "vramd"
+    # The setting every ``auto`` service holds (None: tuned, as the daemon does).
+    fixed: ClassVar[Tuning | None] = None
 
     def __init__(self, world: World) -> None:
         super().__init__(world)
@@ -117,12 +128,17 @@ class Vramd(System):
         self.requests: dict[str, TraceRequest] = {}
         self.sample_interval = policy.device.sample_interval
         self.notes: dict[str, int] = {}
+        self.tuner: tuning.Tuner | None = None
+        if self.fixed is None and tuning.auto_services(policy):
+            self.tuner = tuning.Tuner(started_at=0.0)
 
     # --------------------------------------------------------------- the clock
 
     def begin(self) -> None:
         self._sample()
         self._feed(PolicyChanged(self.setup.rules, self.setup.device_rule))
+        if self.fixed is not None:
+            self._feed(TuningChanged(self.fixed))
         self.clock.after(TICK_S, self._tick)
         self.clock.after(self.sample_interval, self._periodic_sample)
 
@@ -130,7 +146,29 @@ class Vramd(System):
         if self.world.done:
             return
         self._feed(Tick())
+        if self.tuner is not None and self.tuner.due(self.clock.now):
+            self._tune(self.tuner)
         self.clock.after(TICK_S, self._tick)
+
+    def _tune(self, tuner: tuning.Tuner) -> None:
+        """One round of ``yielding: auto``, in place and charged its modeled CPU time."""
+        now, traffic = self.clock.now, self.pump.traffic
+        job = tuning.job_of(
+            self.setup.policy,
+            traffic.since(now - tuning.WINDOW_S),
+            self.scheduler.learned(),
+            traffic.device_totals,
+            tuner.current,
+        )
+        if isinstance(job, str):
+            tuner.skip(now, job)
+            return
+        tuner.begin(now)
+        figures = tuning.evaluate(job)
+        choice = tuner.conclude(now, figures, tuning.modeled_cpu_s(job, figures))
+        if choice.changed:
+            self._feed(TuningChanged(choice.tuning))
+        self.rec.event(now, "tuning", None, current=choice.tuning.label, changed=choice.changed)
 
     def _periodic_sample(self) -> None:
         if self.world.done:
@@ -357,3 +395,10 @@ class Vramd(System):
             return
         self.learned_peak[service] = peak
         self._feed(LearnedChanged(service, self._learned(service)))
+
+
+def fixed_system(setting: Tuning) -> type[Vramd]:
+    """The vramd system whose ``auto`` services all hold ``setting`` (never tuned)."""
+    return type(
+        f"Vramd_{setting.label}", (Vramd,), {"name": f"vramd:{setting.label}", "fixed": setting}
+    )

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bench.sim.clock import VirtualClock
-from bench.sim.device import SimBox
-from bench.sim.metrics import Recorder, summarize
-from bench.sim.setup import Setup
-from bench.sim.trace import TraceRequest
+from service.replay.clock import VirtualClock
+from service.replay.device import SimBox
+from service.replay.metrics import Recorder, summarize
+from service.replay.setup import Setup
+from service.replay.trace import TraceRequest
 
 # A run stops this long after the last arrival even if requests are still open (they are
 # reported as unfinished): a system that deadlocks must not hang the benchmark.

@@ -18,7 +18,9 @@ Per run (and per priority class and per service, for the request figures):
   ``share_within_timeout``: that over ``requests`` (None for none).
 - ``slo_attainment``: the fraction of *all* requests served within
   ``5 x duration_s + load_s`` of their service (its load time counted once);
-  refused and failed requests miss it.
+  refused and failed requests miss it. ``weighted_slo``: the same, each request
+  weighted by its service's priority (what the scheduler maximizes, and what
+  ``yielding: auto`` compares).
 - ``cold_starts``: runtime loads started (retries after a failure included);
   ``cold_requests``: served requests that waited for a load (the runtime that served
   them became ready after they arrived);
@@ -44,11 +46,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.sim.setup import GIB, Setup
-from bench.sim.trace import TraceRequest
 from service.domain import Residency
-
-SLO_FACTOR = 5.0
+from service.replay.setup import GIB, Setup
+from service.replay.trace import TraceRequest
+from service.scheduler.yielding import SLO_FACTOR
 
 REQUEST_KEYS = (
     "requests",
@@ -64,6 +65,7 @@ REQUEST_KEYS = (
     "served_within_timeout",
     "share_within_timeout",
     "slo_attainment",
+    "weighted_slo",
 )
 RUN_KEYS = (
     *REQUEST_KEYS,
@@ -201,10 +203,14 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
     refused = Counter(r.code or "?" for r in records if r.outcome == "refused")
     late = sum(1 for r in served if _past_timeout(r, setup))
     met = 0
+    weight = met_weight = 0.0
+    for r in records:
+        weight += r.priority or 0
     for r in served:
         load_s = setup.services[r.service].bench.load_s if r.service else 0.0
         if r.latency is not None and r.latency <= SLO_FACTOR * r.req.duration_s + load_s + 1e-9:
             met += 1
+            met_weight += r.priority or 0
     return {
         "requests": len(records),
         "served": len(served),
@@ -219,6 +225,7 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
         "served_within_timeout": len(served) - late,
         "share_within_timeout": (len(served) - late) / len(records) if records else None,
         "slo_attainment": met / len(records) if records else None,
+        "weighted_slo": met_weight / weight if weight > 0 else None,
     }
 
 

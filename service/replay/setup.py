@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bench.sim.benchdata import RuntimeBench, resolve_bench
 from service.domain import Residency, ServiceKind
 from service.policy import Policy
+from service.replay.benchdata import RuntimeBench, resolve_bench
 from service.scheduler import DeviceRule, ServiceRule, rules_from_policy
 
 GIB = 1024**3
@@ -63,9 +63,11 @@ def build_setup(
     *,
     device_total: int | None = None,
     devices: int | None = None,
+    runtimes: Mapping[str, RuntimeBench] | None = None,
 ) -> Setup:
+    """``runtimes`` (the tuner's learned figures) replaces the bench data where given."""
     rules, device_rule = rules_from_policy(policy)
-    bench = resolve_bench(policy, bench_raw)
+    bench = dict(runtimes) if runtimes is not None else resolve_bench(policy, bench_raw)
     budget = policy.device.budget
     if device_total is None:
         if budget is None:
