@@ -20,6 +20,10 @@ preloaded services should be ready before the run begins.
    code, and the order of loads and evictions (a longest-common-subsequence ratio: 1.0
    means the same decisions in the same order).
 
+6. With ``--tune``: the daemon runs a ``yielding: auto`` round at once (``POST
+   /api/scheduler/tune``) and the simulator's tuner runs one on the arrivals of its own
+   replay (``sim_tuning``); the report says which setting each chose, with the figures.
+
 Exact agreement is not expected: the daemon samples real memory of real processes,
 loads take a little longer than ``--load-seconds``, and HTTP adds milliseconds.
 """
@@ -40,11 +44,13 @@ import httpx
 
 from service.domain import ServiceKind
 from service.policy import Policy
+from service.replay import tuner
 from service.replay.benchdata import RuntimeBench
-from service.replay.harness import run_system
+from service.replay.harness import run_system, simulate
 from service.replay.setup import Setup
 from service.replay.trace import TraceRequest
 from service.replay.vramd import Vramd
+from service.scheduler import Tuning
 from service.units import parse_size
 
 MIB = 1024**2
@@ -52,6 +58,7 @@ MIB = 1024**2
 DEMO_OVERHEAD = 16 * MIB
 DEMO_UNLOAD_S = 0.2
 EVENT_PAGE = 1000
+ROUND_TIMEOUT_S = 600.0
 
 
 # --------------------------------------------------------------------- the trace side
@@ -305,6 +312,43 @@ def sim_events_after_start(events: Sequence[Mapping[str, Any]]) -> list[dict[str
     ]
 
 
+def sim_tuning(setup: Setup, trace: Sequence[TraceRequest]) -> dict[str, Any]:
+    """The simulator's ``yielding: auto`` round at the end of ``trace``, from the untuned
+    start, as the daemon's ``POST /api/scheduler/tune`` runs one: the same arrivals (as
+    its replay saw them), what it learned, the same choice rule."""
+    system = simulate(Vramd, setup, trace)
+    traffic, now = system.pump.traffic, system.clock.now
+    job = tuner.job_of(
+        setup.policy,
+        traffic.since(now - tuner.WINDOW_S),
+        system.scheduler.learned(),
+        traffic.device_totals,
+        Tuning(),
+    )
+    if isinstance(job, str):
+        return {"chose": None, "why": job}
+    figures = tuner.evaluate(job)
+    choice = tuner.choose(figures, Tuning())
+    return {
+        "chose": choice.tuning.label,
+        "why": choice.why,
+        "figures": {f.tuning.label: round(f.weighted_slo, 4) for f in figures},
+    }
+
+
+async def daemon_tuning(admin: httpx.AsyncClient) -> dict[str, Any]:
+    """The daemon's round, run now (``POST /api/scheduler/tune``)."""
+    resp = await admin.post("/api/scheduler/tune", timeout=ROUND_TIMEOUT_S)
+    resp.raise_for_status()
+    view = resp.json()["yielding"]
+    label = view["current"] + ("+top-never" if view["top_never"] else "")
+    return {
+        "chose": label,
+        "why": view["why"],
+        "figures": {f["candidate"]: f["weighted_slo"] for f in view["figures"]},
+    }
+
+
 # --------------------------------------------------------------------- the command
 
 
@@ -327,7 +371,7 @@ def run_live_cli(args: argparse.Namespace, setup: Setup, trace: Sequence[TraceRe
     admin_key = args.admin_key or args.api_key
     admin_headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
 
-    async def go() -> LiveRun:
+    async def go() -> tuple[LiveRun, dict[str, Any] | None]:
         timeout = httpx.Timeout(600.0, connect=10.0)
         # Idle connections are dropped before the server's keep-alive timeout (uvicorn: 5 s), so
         # a request never goes out on a connection the server is closing.
@@ -340,12 +384,21 @@ def run_live_cli(args: argparse.Namespace, setup: Setup, trace: Sequence[TraceRe
             ) as client,
             httpx.AsyncClient(base_url=args.url, headers=admin_headers, timeout=30.0) as admin,
         ):
-            return await drive(client, admin, short, setup)
+            run = await drive(client, admin, short, setup)
+            return run, (await daemon_tuning(admin) if args.tune else None)
 
     print(f"driving {args.url} with {len(short)} requests over {args.live_duration:g} s ...")
-    live = asyncio.run(go())
+    live, tuned = asyncio.run(go())
     sim = run_system(Vramd, setup, short)
     report = compare(live, sim_events_after_start(sim.events), sim.summary)
+    if tuned is not None:
+        simulated = sim_tuning(setup, short)
+        report["tuning"] = {
+            "live": tuned,
+            "sim": simulated,
+            "same_choice": tuned["chose"] == simulated["chose"],
+        }
+        print(f"yielding: auto chose {tuned['chose']} live, {simulated['chose']} simulated")
     report["recorded"] = {
         "daemon_events": [e for e in live.events if e.get("kind") in ("load", "evict", "reject")],
         "responses": dict(Counter(f"{r.status} {r.code or ''}".strip() for r in live.responses)),

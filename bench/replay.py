@@ -1,14 +1,15 @@
 """Replay a trace against vramd's scheduler and the baselines, on a simulated box.
 
     python -m bench.replay --policy POLICY.yaml --trace TRACE.jsonl \\
-        [--bench-data BENCH.yaml] [--policies vramd,swap-one,lru-count,static,unbounded] \\
+        [--bench-data BENCH.yaml] [--policies vramd,vramd:eager,...,lru-count,static] \\
         [--device-total SIZE] [--devices N] [--json OUT] [--markdown OUT]
     python -m bench.replay --live --url http://127.0.0.1:8400 --policy POLICY.yaml \\
-        --trace TRACE.jsonl [--speed 10] [--live-duration 180] [--json OUT]
+        --trace TRACE.jsonl [--speed 10] [--live-duration 180] [--tune] [--json OUT]
 
 Each system runs the whole trace on a virtual clock (no sleeps; an hour of trace takes
 seconds): ``vramd`` is the daemon's own scheduler core fed the events the orchestrator
-would feed it (``service.replay.vramd``); the others are small models of the systems
+would feed it (``service.replay.vramd``), with ``yielding: auto`` tuned as the daemon
+tunes it; ``vramd:<setting>`` holds one fixed setting instead. The others are models of the systems
 they are named for (``bench.systems.*``, each documented with what it simplifies). The
 figures are defined in ``service.replay.metrics``; ``--json`` writes them all, the tables
 show the main ones. ``--live`` drives a running daemon instead (``bench.live``).
@@ -24,7 +25,7 @@ from typing import Any
 
 from bench import targets
 from bench.report import markdown, print_report, write_outputs
-from bench.systems import SYSTEMS
+from bench.systems import FIXED_SYSTEMS, SYSTEMS
 from service.policy import load_policy
 from service.replay.benchdata import parse_bench_data
 from service.replay.harness import RunResult, run_system
@@ -32,7 +33,7 @@ from service.replay.setup import Setup, build_setup
 from service.replay.trace import TraceRequest, load_trace
 from service.units import parse_size
 
-DEFAULT_SYSTEMS = ("vramd", "swap-one", "lru-count", "static", "unbounded")
+DEFAULT_SYSTEMS = ("vramd", *FIXED_SYSTEMS, "swap-one", "lru-count", "static", "unbounded")
 
 
 def load_setup(
@@ -85,7 +86,12 @@ def build_report(
             for name, result in results.items()
         },
     }
+    if "vramd" in results:
+        report["tuning"] = [
+            {"t": e["t"], **e["data"]} for e in results["vramd"].events if e["kind"] == "tuning"
+        ]
     if all(name in results for name in targets.NEEDED):
+        report["costs"] = targets.costs(report)
         checked = targets.check(report)
         report["targets"] = [
             {"name": t.name, "value": t.value, "bound": t.bound, "met": t.met, "text": t.text}
@@ -122,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--api-key", help="bearer key for /v1 (and /api unless --admin-key)")
     live.add_argument("--admin-key", help="bearer key for /api")
+    live.add_argument(
+        "--tune",
+        action="store_true",
+        help="then compare a yielding: auto round, live and sim",
+    )
     return p
 
 

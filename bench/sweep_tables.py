@@ -13,8 +13,9 @@ TRACE_COLUMNS = (
     "requests",
     "within timeout: vramd / lru / static / unb.",
     "SLO: vramd / lru / static / unb.",
+    "weighted SLO: auto / best fixed",
     "top unpinned p99: vramd / unb.",
-    "cold: vramd / lru",
+    "loads: vramd / lru",
     "vramd OOM loads (after ready) / reqs",
     "worst share within timeout: vramd vs lru",
     "missed",
@@ -24,17 +25,11 @@ SYSTEMS = ("vramd", "lru-count", "static", "unbounded")
 LOAD_FIELDS = (
     "traces",
     "all_met",
-    "all_but_cold",
-    "all_but_cold_top_p99",
     "vramd_loads",
     "vramd_within_timeout",
     "lru_count_loads",
     "lru_count_within_timeout",
 )
-# The looser bounds the summary also counts all six against (``looser``): how far the
-# `cold` and `top-p99` bounds would have to move before the targets hold together.
-LOOSER_COLD = (targets.COLD_FRACTION, 0.75, 1.0)
-LOOSER_TOP = (targets.TOP_P99_FACTOR, 2.0, 3.0)
 
 
 def line(report: Mapping[str, Any]) -> str:
@@ -77,18 +72,11 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         lost = set(missed(r))
         row["traces"] += 1
         row["all_met"] += not lost
-        row["all_but_cold"] += not lost - {"cold"}
-        row["all_but_cold_top_p99"] += not lost - {"cold", "top-p99"}
         for system, key in (("vramd", "vramd"), ("lru-count", "lru_count")):
             run = r["policies"][system]
             row[f"{key}_loads"] += run["cold_starts"]
             row[f"{key}_within_timeout"] += run["served_within_timeout"]
     all_met = sum(1 for r in reports if not missed(r))
-    looser = [
-        {"cold": cold, "top_p99": top, "all_met": _all_met_with(reports, cold, top)}
-        for cold in LOOSER_COLD
-        for top in LOOSER_TOP
-    ]
     return {
         "traces": len(reports),
         "met": {name: sum(name not in missed(r) for r in reports) for name in targets.NAMES},
@@ -96,7 +84,7 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "all_met_fraction": all_met / len(reports) if reports else None,
         "by_case": by_case,
         "by_load": by_load,
-        "looser": looser,
+        "yielding": _yielding(reports),
         "starved": starved,
         "misses": [
             {"case": r["policy"], "trace": r["trace"], "missed": missed(r), "why": r["why_lost"]}
@@ -106,10 +94,32 @@ def summarize(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _all_met_with(reports: Sequence[Mapping[str, Any]], cold: float, top: float) -> int:
-    """Traces that meet all six with ``cold`` and ``top-p99`` bounded by these factors."""
-    checked = (targets.check(r, cold_fraction=cold, top_factor=top) for r in reports)
-    return sum(all(t.met for t in ts) for ts in checked)
+def _yielding(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per fixed setting, on how many traces it was the best (``weighted``'s reference);
+    what ``auto`` ended on; and the frontier totals of every vramd system."""
+    best: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    totals: dict[str, dict[str, float]] = {}
+    for r in reports:
+        name, _ = targets.best_fixed(r["policies"])
+        best[name] = best.get(name, 0) + 1
+        last = r.get("tuning", [])
+        end = str(last[-1]["current"]) if last else "balanced"
+        ended[end] = ended.get(end, 0) + 1
+        for system in ("vramd", *targets.FIXED_SYSTEMS):
+            run = r["policies"][system]
+            row = totals.setdefault(system, dict.fromkeys(FRONTIER, 0.0))
+            row["within_timeout"] += run["served_within_timeout"]
+            row["weighted_slo"] += run["weighted_slo"] or 0.0
+            row["loads"] += run["cold_starts"]
+            row["wall_s"] += run.get("wall_s", 0.0)
+    for row in totals.values():
+        row["weighted_slo"] = round(row["weighted_slo"] / max(1, len(reports)), 4)
+        row["wall_s"] = round(row["wall_s"], 1)
+    return {"best_fixed": best, "auto_ended_on": ended, "frontier": totals}
+
+
+FRONTIER = ("within_timeout", "weighted_slo", "loads", "wall_s")
 
 
 def _pct(value: float | None) -> str:
@@ -127,6 +137,7 @@ def _s(value: float | None) -> str:
 def trace_row(r: Mapping[str, Any]) -> list[str]:
     runs = [r["policies"][name] for name in SYSTEMS]
     v, lru, unbounded = runs[0], runs[1], runs[3]
+    fixed_name, fixed = targets.best_fixed(r["policies"])
     top = targets.top_unpinned(unbounded)
     if top is None:
         p99 = "-"
@@ -141,6 +152,7 @@ def trace_row(r: Mapping[str, Any]) -> list[str]:
         str(r["requests"]),
         " / ".join(str(run["served_within_timeout"]) for run in runs),
         " / ".join(_pct(run["slo_attainment"]) for run in runs),
+        f"{v['weighted_slo'] or 0:.3f} / {fixed:.3f} ({fixed_name.removeprefix('vramd:')})",
         p99,
         f"{v['cold_starts']} / {lru['cold_starts']}",
         f"{v['oom_loads']} ({v['oom_loads_after_ready']}) / {v['failed_oom']}",
@@ -156,18 +168,6 @@ def _shares(starved: Mapping[str, Any]) -> list[str]:
 def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     return out + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _looser_table(looser: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Rows: `cold` at most this many times lru-count's; columns: `top-p99` at most this
-    many times unbounded's; cells: traces that met all six."""
-    tops = sorted({cell["top_p99"] for cell in looser})
-    colds = sorted({cell["cold"] for cell in looser})
-    count = {(cell["cold"], cell["top_p99"]): cell["all_met"] for cell in looser}
-    return _table(
-        ("cold <= x lru-count", *(f"top-p99 <= {top}x unbounded" for top in tops)),
-        [[f"{cold}x", *(str(count[cold, top]) for top in tops)] for cold in colds],
-    )
 
 
 def markdown(
@@ -203,28 +203,31 @@ def markdown(
     if summary.get("by_load"):
         out += ["", "By load (loads per 100 requests served within their timeout):", ""]
         out += _table(
-            (
-                "load",
-                "traces",
-                "all met",
-                "all but cold",
-                "all but cold and top-p99",
-                "vramd",
-                "lru",
-            ),
+            ("load", "traces", "all met", "vramd", "lru"),
             [
                 [
                     load,
-                    *(str(row[k]) for k in LOAD_FIELDS[:4]),
+                    *(str(row[k]) for k in LOAD_FIELDS[:2]),
                     _per_100(row["vramd_loads"], row["vramd_within_timeout"]),
                     _per_100(row["lru_count_loads"], row["lru_count_within_timeout"]),
                 ]
                 for load, row in summary["by_load"].items()
             ],
         )
-    if summary.get("looser"):
-        out += ["", "All six with looser `cold` and `top-p99` bounds:", ""]
-        out += _looser_table(summary["looser"])
+    if summary.get("yielding"):
+        y = summary["yielding"]
+        out += ["", "The frontier: `auto` and each fixed setting, over every trace:", ""]
+        out += _table(
+            ("system", "within timeout", "mean weighted SLO", "loads", "replay wall s"),
+            [
+                [name, f"{row['within_timeout']:.0f}", f"{row['weighted_slo']:.4f}",
+                 f"{row['loads']:.0f}", f"{row['wall_s']:.1f}"]
+                for name, row in y["frontier"].items()
+            ],
+        )  # fmt: skip
+        best = ", ".join(f"{k} {n}" for k, n in sorted(y["best_fixed"].items()))
+        ended = ", ".join(f"{k} {n}" for k, n in sorted(y["auto_ended_on"].items()))
+        out += ["", f"Best fixed setting per trace: {best}. `auto` ended on: {ended}."]
     if summary["starved"]:
         out += ["", "Services under `fair`'s bound, largest gap first (at most 20):", ""]
         out += _table(

@@ -135,6 +135,7 @@ class AutoTuning:
                 name: tuner.current.label if svc.yielding is Yielding.AUTO else svc.yielding.value
                 for name, svc in sorted(policy.services.items())
             },
+            "figures": [_figures_data(f) for f in tuner.figures],
             "rounds": tuner.rounds,
             "cpu_s": round(tuner.cpu_s, 3),
             "next_round": self._wall(tuner.next_at) if tuned and not tuner.running else None,

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from service.replay.clock import VirtualClock
 from service.replay.device import SimBox
@@ -86,6 +86,9 @@ class System:
         raise NotImplementedError
 
 
+S = TypeVar("S", bound=System)
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     system: str
@@ -94,8 +97,8 @@ class RunResult:
     wall_s: float
 
 
-def run_system(system_cls: type[System], setup: Setup, trace: Sequence[TraceRequest]) -> RunResult:
-    started = time.perf_counter()
+def simulate(system_cls: type[S], setup: Setup, trace: Sequence[TraceRequest]) -> S:
+    """Run ``trace`` against a new ``system_cls`` to its end; the system after the run."""
     world = World(setup, trace, unlimited=system_cls.unlimited_memory)
     system = system_cls(world)
 
@@ -110,6 +113,12 @@ def run_system(system_cls: type[System], setup: Setup, trace: Sequence[TraceRequ
     for req in trace:
         world.clock.at(req.t, arrive, req)
     world.clock.run(until=world.horizon + DRAIN_LIMIT_S)
+    return system
+
+
+def run_system(system_cls: type[System], setup: Setup, trace: Sequence[TraceRequest]) -> RunResult:
+    started = time.perf_counter()
+    world = simulate(system_cls, setup, trace).world
     summary = summarize(
         world.rec, byte_seconds=world.box.byte_seconds(world.horizon), horizon=world.horizon
     )

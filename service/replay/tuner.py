@@ -209,6 +209,7 @@ class Tuner:
     cpu_s: float = 0.0  # all rounds together
     # The candidate that beat ``current`` in the last round: it wins if it does again.
     challenger: Tuning | None = None
+    figures: list[Figures] = field(default_factory=list)  # the last round's
 
     def __post_init__(self) -> None:
         self.next_at = self.started_at + FIRST_AFTER_S
@@ -232,6 +233,7 @@ class Tuner:
         self.running = False
         self.rounds += 1
         self.cpu_s += cpu_s
+        self.figures = list(figures)
         self.next_at = max(self.began_at + MIN_INTERVAL_S, self.began_at + cpu_s / CPU_SHARE)
         choice = choose(figures, self.current)
         if choice.changed and self.rounds > 1 and self.challenger != choice.tuning:

@@ -89,7 +89,7 @@ class Tuning:
     """What ``yielding: auto`` stands for now: one fixed setting, and whether the
     services of the highest unpinned priority behave as ``protect: never``."""
 
-    yielding: Yielding = Yielding.BALANCED
+    yielding: Yielding = Yielding.BALANCED  # until the first round: today's behaviour
     top_never: bool = False
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ from bench.live import (
     live_setup,
     sim_events_after_start,
 )
-from bench.systems import SYSTEMS, LruCount
+from bench.systems import FIXED_SYSTEMS, SYSTEMS, LruCount
 from bench.traces.generate import ModelSpec, TraceParams, generate, zipf_shares
 from service.domain import ServiceKind
 from service.policy import load_policy
@@ -357,10 +357,14 @@ def test_json_report_has_the_documented_keys(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert set(report) == {
         "trace", "policy", "bench_data", "requests", "horizon_s", "device", "priorities",
-        "residencies", "policies", "targets", "why_lost",
+        "residencies", "policies", "targets", "why_lost", "tuning", "costs",
     }  # fmt: skip
     assert [t["name"] for t in report["targets"]] == list(targets.NAMES)
-    assert list(report["policies"]) == ["vramd", "swap-one", "lru-count", "static", "unbounded"]
+    assert list(report["policies"]) == [
+        "vramd", *FIXED_SYSTEMS, "swap-one", "lru-count", "static", "unbounded"
+    ]  # fmt: skip
+    assert report["tuning"] == []  # a trace shorter than the first round
+    assert set(report["costs"]) >= {"loads", "lru_count_loads", "top_p99", "slo_unbounded"}
     for figures in report["policies"].values():
         assert set(RUN_KEYS) | {"wall_s"} == set(figures)
         for cls in figures["by_priority"].values():
