@@ -174,6 +174,9 @@ def test_vramd_explain_and_ps_say_what_a_waiting_service_waits_for(tmp_path: Pat
         assert "lo would wait for" in explained.stdout
         assert "hi (warm, priority 300) idle" in explained.stdout
         assert re.search(r"yields by \d\d:\d\d:\d\d at the latest", explained.stdout)
+        assert re.search(r"yielding: auto, now balanced \(since \d\d:\d\d:\d\d\)", explained.stdout)
+        assert "  lo yields as balanced" in explained.stdout
+        assert "  why: not tuned yet" in explained.stdout
         loaded = vramd("explain", "hi")
         assert loaded.returncode == 0 and "hi is ready on device 0" in loaded.stdout
         thread, box = in_background(ask, daemon, "lo", 30)
