@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo.yaml
 
-.PHONY: run test test-fast test-real image image-runtimes test-image real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-fairness bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
+.PHONY: run test test-fast test-real image image-runtimes test-image real-runtimes run-real bench-real bench-restart lint typecheck pytest bench bench-sweep bench-fleet bench-tune bench-traces bench-proxy bench-fairness bench-live-tuning bench-idle bench-scrape bench-soak bench-swap clean db-upgrade
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "vramd needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -159,6 +159,12 @@ bench-proxy: $(VENV)/.installed-dev
 # clients (docs/benchmarks.md, "Fairness between clients"); about six minutes.
 bench-fairness: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.fairness --json bench/out/fairness.json --markdown bench/out/fairness.md
+
+# yielding: auto on a real daemon against the simulator on the same arrivals: two traces,
+# three minutes of wall time each (docs/benchmarks.md, "Yielding").
+bench-live-tuning: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.live_tuning --json bench/out/live-tuning.json \
+	  --markdown bench/out/live-tuning.md
 
 # What an idle daemon costs: CPU and RSS on the demo policy and on twenty services
 # (docs/benchmarks.md, "Idle cost"); about a minute and a half.

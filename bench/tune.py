@@ -27,6 +27,7 @@ from bench import targets
 from bench.boxes import Case, Point, select
 from bench.replay import build_report, replay
 from bench.sweep import case_setup, run_all, tasks_of, trace_of
+from bench.systems import FIXED_SYSTEMS
 from service.domain import Residency
 from service.policy import ProtectValue, parse_protect
 from service.units import format_duration
@@ -45,13 +46,14 @@ def _label(value: float | str) -> str:
 def tune_trace(
     case: Case, point: Point, duration: float, pairs: Sequence[Pair]
 ) -> list[dict[str, Any]]:
-    """One trace: the baselines once, vramd once per pair; per pair its targets and figures."""
+    """One trace: the baselines once, vramd (auto and each fixed setting) once per pair; per
+    pair its targets and figures."""
     trace = trace_of(case, point, duration)
     baselines = replay(case_setup(case, {}), trace, ("lru-count", "static", "unbounded"))
     out = []
     for warm, on_demand in pairs:
         setup = case_setup(case, {Residency.WARM: warm, Residency.ON_DEMAND: on_demand})
-        results = {**replay(setup, trace, ("vramd",)), **baselines}
+        results = {**replay(setup, trace, ("vramd", *FIXED_SYSTEMS)), **baselines}
         report = build_report(
             setup, trace, results, trace_name=point.name, policy_name=case.name, bench_name=None
         )
