@@ -97,9 +97,8 @@ class AutoTuning:
         )
         self._proc = proc
         try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(pickle.dumps(job)), timeout=ROUND_TIMEOUT_S
-            )
+            payload = await asyncio.to_thread(pickle.dumps, job)  # an hour: tens of ms
+            out, err = await asyncio.wait_for(proc.communicate(payload), timeout=ROUND_TIMEOUT_S)
         finally:
             if proc.returncode is None:
                 proc.kill()

@@ -7,10 +7,10 @@ fixed setting, then the best of them with the highest unpinned priority as ``pro
 never``, and the current choice. It keeps the candidates with no out-of-memory failure
 that serve within their timeout at least ``1 - SERVED_TOLERANCE`` of the best
 candidate's requests, and among them picks the highest priority-weighted SLO. It
-switches only when that beats the current choice by more than ``HYSTERESIS`` (or the
-current one no longer qualifies) in two rounds in a row (the first round alone decides
-from the untuned start), so one noisy window never flips it and traffic that does not
-change keeps its choice.
+switches only when the current choice is beaten by more than ``HYSTERESIS`` in two
+rounds in a row (to the best of the second; the first round alone decides from the
+untuned start), so one noisy window never flips it and traffic that does not change
+keeps its choice; a current choice that no longer qualifies is replaced at once.
 
 When: first ``FIRST_AFTER_S`` after start, then no sooner than ``MIN_INTERVAL_S`` after
 the last round began and no sooner than its CPU time divided by ``CPU_SHARE``, so the
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from service.domain import Residency
+from service.domain import Residency, Yielding
 from service.policy import Policy
 from service.replay.benchdata import DEFAULT_UNLOAD_S, RuntimeBench
 from service.replay.harness import run_system
@@ -81,10 +81,13 @@ class Choice:
     tuning: Tuning
     changed: bool
     why: str
+    # The current setting no longer qualifies (it serves too few, or ran out of memory):
+    # replaced at once, with no second round to confirm.
+    urgent: bool = False
 
 
 def auto_services(policy: Policy) -> list[str]:
-    return sorted(n for n, s in policy.services.items() if s.yielding == "auto")
+    return sorted(n for n, s in policy.services.items() if s.yielding is Yielding.AUTO)
 
 
 def replay_setup(job: Job) -> Setup:
@@ -152,7 +155,7 @@ def top_never_matters(setup: Setup) -> bool:
     top = max((r.priority for r in rules if r.residency in movable), default=None)
     if top is None:
         return False
-    auto = [r for r in rules if r.residency in movable and r.yielding == "auto"]
+    auto = [r for r in rules if r.residency in movable and r.yielding is Yielding.AUTO]
     return any(r.priority == top for r in auto) and any(
         r.priority < top for r in rules if r.residency is not Residency.PINNED
     )
@@ -191,7 +194,8 @@ def choose(figures: Sequence[Figures], current: Tuning) -> Choice:
     compared = "; ".join(f.text() for f in figures)
     if mine is not None and mine.weighted_slo >= best.weighted_slo - HYSTERESIS:
         return Choice(current, False, f"kept {current.label}: {compared}")
-    return Choice(best.tuning, best.tuning != current, f"chose {best.tuning.label}: {compared}")
+    why = f"chose {best.tuning.label}: {compared}"
+    return Choice(best.tuning, best.tuning != current, why, urgent=mine is None)
 
 
 @dataclass(slots=True)
@@ -207,8 +211,8 @@ class Tuner:
     began_at: float = 0.0
     rounds: int = 0
     cpu_s: float = 0.0  # all rounds together
-    # The candidate that beat ``current`` in the last round: it wins if it does again.
-    challenger: Tuning | None = None
+    # ``current`` was beaten in the last round: if it is again, the best then wins.
+    beaten: bool = False
     figures: list[Figures] = field(default_factory=list)  # the last round's
 
     def __post_init__(self) -> None:
@@ -236,12 +240,13 @@ class Tuner:
         self.figures = list(figures)
         self.next_at = max(self.began_at + MIN_INTERVAL_S, self.began_at + cpu_s / CPU_SHARE)
         choice = choose(figures, self.current)
-        if choice.changed and self.rounds > 1 and self.challenger != choice.tuning:
-            self.challenger = choice.tuning
+        confirm = choice.changed and not choice.urgent and self.rounds > 1
+        if confirm and not self.beaten:
+            self.beaten = True
             why = f"kept {self.current.label} for now, {choice.tuning.label} led once: "
             choice = Choice(self.current, False, why + choice.why.split(": ", 1)[1])
         else:
-            self.challenger = None
+            self.beaten = False
         requests = figures[0].requests if figures else 0
         self.why = f"{choice.why} ({requests} requests of the last hour, {cpu_s:.1f} s CPU)"
         if choice.changed:

@@ -116,3 +116,25 @@ def test_too_little_traffic_skips_the_round_and_says_so() -> None:
     assert tuner.current == BALANCED and tuner.rounds == 0
     assert tuner.why == "not tuned yet: 3 requests in the last hour, fewer than 30"
     assert tuner.next_at == FIRST_AFTER_S + MIN_INTERVAL_S
+
+
+def test_beaten_twice_by_different_candidates_switches_to_the_latest_best() -> None:
+    tuner = Tuner(started_at=0.0)
+    first = round_of(balanced=0.90, eager=0.80, reluctant=0.70)
+    choices = rounds(
+        tuner,
+        [first, round_of(balanced=0.80, eager=0.90), round_of(balanced=0.80, reluctant=0.90)],
+        FIRST_AFTER_S,
+    )
+    assert choices == [BALANCED, BALANCED, RELUCTANT]
+
+
+def test_a_choice_that_no_longer_serves_enough_is_replaced_at_once() -> None:
+    """Serving 10 % fewer requests in time than the best candidate disqualifies the
+    current choice: no second round to confirm."""
+    tuner = Tuner(started_at=0.0)
+    rounds(tuner, [round_of(at_deadline=0.9, balanced=0.8)], FIRST_AFTER_S)
+    assert tuner.current == AT_DEADLINE
+    starving = [fig(AT_DEADLINE, 0.95, served=900), fig(EAGER, 0.85, served=1000)]
+    assert rounds(tuner, [starving], tuner.next_at) == [EAGER]
+    assert tuner.why.startswith("chose eager")
