@@ -213,6 +213,7 @@ def new_metrics(kernel: Callable[[], Orchestrator], policy: Policy, *, backend: 
         lambda: kernel().status(),
         node_load=lambda: kernel().node_load(),
         client_usage=lambda: kernel().client_usage(),
+        yielding=lambda: kernel().tuning.view(),
         version=__version__,
         backend=backend,
         refresh_s=policy.device.sample_interval,

@@ -75,6 +75,8 @@ NodeLoadSource = Callable[[], NodeLoad]
 # Usage since the daemon started, by (client, service): configured clients only, so the
 # series stay bounded whatever names unkeyed callers give themselves.
 ClientUsageSource = Callable[[], Mapping[tuple[str, str], Usage]]
+# ``GET /api/scheduler``'s ``yielding`` view.
+YieldingSource = Callable[[], Mapping[str, Any]]
 
 # A scrape renders vramd's own series itself when the snapshot is older than this many
 # sampler intervals (nobody scraped lately, so nothing kept it fresh).
@@ -228,6 +230,26 @@ def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
         yield family
 
 
+def yielding_families(view: Mapping[str, Any]) -> Iterator[Metric]:
+    """How each service yields now, and what ``yielding: auto``'s rounds have cost."""
+    setting = GaugeMetricFamily(
+        "vramd_service_yielding",
+        "1 for the setting each service yields by now (auto: what it stands for).",
+        labels=["service", "setting"],
+    )
+    for service, label in sorted(view.get("services", {}).items()):
+        setting.add_metric([service, label], 1)
+    yield setting
+    rounds = CounterMetricFamily("vramd_tuning_rounds", "yielding: auto rounds since start.")
+    rounds.add_metric([], view.get("rounds", 0))
+    yield rounds
+    cpu = CounterMetricFamily(
+        "vramd_tuning_cpu_seconds", "CPU seconds of those rounds' replays, all together."
+    )
+    cpu.add_metric([], view.get("cpu_s", 0.0))
+    yield cpu
+
+
 def client_families(usage: Mapping[tuple[str, str], Usage]) -> Iterator[Metric]:
     """Each configured client's use of each service since the daemon started."""
     labels = ["client", "service"]
@@ -286,6 +308,7 @@ class Metrics:
         backend: str | None = None,
         node_load: NodeLoadSource | None = None,
         client_usage: ClientUsageSource | None = None,
+        yielding: YieldingSource | None = None,
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -297,6 +320,7 @@ class Metrics:
         self._backend = backend
         self._node_load = node_load
         self._client_usage = client_usage
+        self._yielding = yielding
         self._refresh_s = refresh_s
         self._clock = clock
         self._wall_clock = wall_clock
@@ -386,3 +410,5 @@ class Metrics:
         yield from self.registry.collect()
         if self._client_usage is not None:
             yield from client_families(self._client_usage())
+        if self._yielding is not None:
+            yield from yielding_families(self._yielding())

@@ -74,6 +74,11 @@ def test_auto_says_what_it_stands_for_and_a_round_replays_the_traffic(tmp_path: 
         if after["current"] != "balanced":
             (event,) = daemon.events(kind="tuning")
             assert event["data"]["current"] == after["current"]
+        # /metrics says the same (its snapshot is renewed within a sample interval).
+        chat = after["services"]["chat"]
+        series = f'vramd_service_yielding{{service="chat",setting="{chat}"}} 1'
+        daemon.wait_for(lambda: series in daemon.get("/metrics").text.splitlines())
+        assert "vramd_tuning_rounds_total 1" in daemon.get("/metrics").text.splitlines()
 
 
 def test_a_fixed_setting_is_what_the_scheduler_uses_and_nothing_is_tuned(tmp_path: Path) -> None:
