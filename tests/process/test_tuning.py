@@ -7,12 +7,14 @@ scheduler and writes a ``tuning`` event.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,7 +33,7 @@ from service.replay.trace import TraceRequest
 from service.replay.vramd import Vramd, fixed_system
 from service.replay.worker import figures_from_json
 from service.scheduler import Tuning
-from service.store import StoreWriter, open_store, queries
+from service.store import Store, StoreWriter, open_store, queries
 
 # Two services that cannot share the card: a warm assistant and an on-demand batch model.
 POLICY = """
@@ -147,12 +149,10 @@ def test_the_worker_lowers_its_priority_and_answers_with_the_simulators_figures(
     assert answer["cpu_s"] > 0
 
 
-async def test_the_daemons_round_feeds_its_choice_and_writes_a_tuning_event(tmp_path: Path) -> None:
-    """Arrivals recorded by a pump (here the simulator's, after half an hour of a quiet
-    assistant and a busy batch model), handed to the daemon's tuning: the real worker replays
-    them, the choice is what the simulator's own tuner chooses, and it reaches the
-    scheduler and the event log."""
-    system = simulate(fixed_system(Tuning()), setup(), trace((0, 1800, QUIET_HI)))
+@contextlib.contextmanager
+def daemon_tuning(tmp_path: Path, system: Vramd) -> Iterator[tuple[AutoTuning, Store, StoreWriter]]:
+    """The daemon's tuning over a simulated run's pump, its clock at the run's end, its
+    events written to a real store."""
     clock = FakeClock(monotonic=system.clock.now)
     store = open_store(tmp_path / "vramd.db")
     writer = StoreWriter(store)
@@ -162,9 +162,22 @@ async def test_the_daemons_round_feeds_its_choice_and_writes_a_tuning_event(tmp_
             pump=system.pump, events=EventLog(writer, clock), clock=clock,
             policy=lambda: system.setup.policy,
         )  # fmt: skip
+        yield tuning, store, writer
+    finally:
+        writer.close()
+        store.close()
+
+
+async def test_the_daemons_round_feeds_its_choice_and_writes_a_tuning_event(tmp_path: Path) -> None:
+    """Arrivals recorded by a pump (here the simulator's, after half an hour of a quiet
+    assistant and a busy batch model), handed to the daemon's tuning: the real worker replays
+    them, the choice is what the simulator's own tuner chooses, and it reaches the
+    scheduler and the event log."""
+    system = simulate(fixed_system(Tuning()), setup(), trace((0, 1800, QUIET_HI)))
+    with daemon_tuning(tmp_path, system) as (tuning, store, writer):
         view = await tuning.tune()
         job = tuner.job_of(
-            system.setup.policy, system.pump.traffic.since(clock.monotonic() - tuner.WINDOW_S),
+            system.setup.policy, system.pump.traffic.since(system.clock.now - tuner.WINDOW_S),
             system.scheduler.learned(), system.pump.traffic.device_totals, Tuning(),
         )  # fmt: skip
         assert isinstance(job, tuner.Job)
@@ -181,9 +194,6 @@ async def test_the_daemons_round_feeds_its_choice_and_writes_a_tuning_event(tmp_
         assert event.data["current"] == expected.yielding.value
         labels = [f["candidate"] for f in event.data["figures"]]
         assert labels[:4] == ["eager", "balanced", "reluctant", "at-deadline"]
-    finally:
-        writer.close()
-        store.close()
 
 
 @pytest.mark.parametrize("requests", [0, 5])
@@ -191,18 +201,7 @@ async def test_too_little_traffic_runs_no_round_and_changes_nothing(
     tmp_path: Path, requests: int
 ) -> None:
     system = simulate(fixed_system(Tuning()), setup(), trace((0, 5 * 240.0, QUIET_HI))[:requests])
-    clock = FakeClock(monotonic=system.clock.now)
-    store = open_store(tmp_path / "vramd.db")
-    writer = StoreWriter(store)
-    writer.start()
-    try:
-        tuning = AutoTuning(
-            pump=system.pump, events=EventLog(writer, clock), clock=clock,
-            policy=lambda: system.setup.policy,
-        )  # fmt: skip
+    with daemon_tuning(tmp_path, system) as (tuning, _, _):
         view = await tuning.tune()
         assert view["rounds"] == 0 and view["current"] == "balanced"
         assert view["why"] == f"not tuned yet: {requests} requests in the last hour, fewer than 30"
-    finally:
-        writer.close()
-        store.close()
