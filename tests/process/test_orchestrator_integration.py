@@ -167,15 +167,17 @@ async def use_a_b_then_c(harness: OrchestratorHarness, *, load_a: float, load_b:
 
 async def test_lru_evicted_among_equals(harness: OrchestratorHarness) -> None:
     # With 0.25s loads, an interpreter start slowed by a busy CI machine once made a's
-    # first load 1.6x b's: a cheaper class for b, which was then evicted instead.
-    victim = await use_a_b_then_c(harness, load_a=1.0, load_b=1.0)
+    # first load 1.6x b's: a cheaper class for b, which was then evicted instead; with 1s
+    # loads it happened again under four test workers on two cores. 2s leaves a second
+    # of jitter inside the 1.5x.
+    victim = await use_a_b_then_c(harness, load_a=2.0, load_b=2.0)
     assert victim == "a"
 
 
 async def test_cheaper_reload_is_evicted_before_the_lru(harness: OrchestratorHarness) -> None:
-    # a is least recently used but takes ~1.65s to reload; b ~0.25s (well under 1.1s even
+    # a is least recently used but takes ~2.65s to reload; b ~0.25s (well under 1.7s even
     # on a loaded machine): a cheaper class.
-    victim = await use_a_b_then_c(harness, load_a=1.5, load_b=0.1)
+    victim = await use_a_b_then_c(harness, load_a=2.5, load_b=0.1)
     assert victim == "b"
 
 
@@ -184,7 +186,7 @@ async def test_lru_decides_between_near_equal_reload_costs(
 ) -> None:
     # b reloads ~10% faster than a, a difference beyond the ~30ms jitter of a measured
     # load: recency still decides (a regression test for raw float comparison).
-    victim = await use_a_b_then_c(harness, load_a=1.6, load_b=1.45)
+    victim = await use_a_b_then_c(harness, load_a=2.4, load_b=2.2)
     assert victim == "a"
 
 
