@@ -23,8 +23,8 @@ Then the daemon's CPU per request (psutil, the daemon process alone) for a burst
 ``--cpu-requests`` requests at a runtime that answers at once, sent as 50 configured
 clients against the same burst with no keys at all.
 
-Not a test: the figures depend on the machine. Percentiles are nearest-rank
-(``bench.load.percentile``).
+Not a test: the figures depend on the machine. Percentiles are ``bench.stats``'s
+(linear between ranks).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ import httpx
 import psutil
 from rich.console import Console
 
-from bench.load import percentile
 from bench.processes import demo_command, policy_text, running_vramd
 from bench.report import markdown_table, rich_table, write_outputs
+from bench.stats import percentile
 
 KEYS = {name: f"sk-bench-{name}-0123456789" for name in ("a", "b", "c")}
 PERIOD_S = 2.0  # B and C send one request this often

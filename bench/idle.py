@@ -40,8 +40,8 @@ from bench.processes import REPO_ROOT, demo_command, policy_text, running_vramd
 from bench.report import markdown_table, rich_table, write_outputs
 from service.domain import Residency
 from service.policy import load_policy
+from service.units import MIB
 
-MIB = 1024 * 1024
 COLUMNS = ("policy", "services", "running", "run", "CPU % of a core", "runtimes CPU %", "RSS MiB")
 
 

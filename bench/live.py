@@ -42,7 +42,9 @@ from typing import Any
 
 import httpx
 
+from service.cli.client import EVENT_PAGE
 from service.domain import ServiceKind
+from service.kernel.tuning import ROUND_TIMEOUT_S
 from service.policy import Policy
 from service.replay import tuner
 from service.replay.benchdata import RuntimeBench
@@ -51,14 +53,11 @@ from service.replay.setup import Setup
 from service.replay.trace import TraceRequest
 from service.replay.vramd import Vramd
 from service.scheduler import Tuning
-from service.units import parse_size
+from service.units import MIB, parse_size
 
-MIB = 1024**2
 # The demo runtime's own footprint (a Python interpreter, measured: 15-16 MiB) on top of --memory.
 DEMO_OVERHEAD = 16 * MIB
 DEMO_UNLOAD_S = 0.2
-EVENT_PAGE = 1000
-ROUND_TIMEOUT_S = 600.0
 
 
 # --------------------------------------------------------------------- the trace side

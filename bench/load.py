@@ -166,10 +166,3 @@ async def burst(target: Target, request: bytes, *, count: int, concurrency: int)
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
     return Burst(timings, time.perf_counter() - started)
-
-
-def percentile(samples: list[float], pct: float) -> float:
-    """Nearest-rank percentile: the smallest sample with ``pct`` % of samples at or below."""
-    ordered = sorted(samples)
-    rank = -(-len(ordered) * pct // 100)  # ceil
-    return ordered[max(0, min(len(ordered) - 1, int(rank) - 1))]

@@ -55,7 +55,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.load import Burst, Target, burst, percentile
+from bench.load import Burst, Target, burst
 from bench.processes import (
     answers,
     demo_command,
@@ -66,6 +66,7 @@ from bench.processes import (
     wait_until,
 )
 from bench.report import write_outputs
+from bench.stats import percentile
 
 CHAT_PATH = "/v1/chat/completions"
 SERVICE = "bench"
@@ -136,12 +137,16 @@ def runtime_of(target: str, model: str, headers: dict[str, str]) -> str:
 def payloads(model: str, side: str) -> dict[str, bytes]:
     messages = [{"role": "user", "content": "hi"}]
     if side == "ollama":
-        chat = {"model": model, "messages": messages, "options": {"num_predict": 8}}
+        chat: dict[str, object] = {
+            "model": model,
+            "messages": messages,
+            "options": {"num_predict": 8},
+        }
         return {
             "chat": json.dumps({**chat, "stream": False}).encode(),
             "stream": json.dumps({**chat, "stream": True}).encode(),
         }
-    chat = {"model": model, "messages": messages, "max_tokens": 8}
+    chat = {"model": model, "messages": messages, "max_tokens": 8}  # same keys as above
     return {
         "chat": json.dumps(chat).encode(),
         "stream": json.dumps({**chat, "stream": True}).encode(),

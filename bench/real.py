@@ -30,7 +30,6 @@ import contextlib
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import tempfile
 import time
@@ -41,6 +40,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from bench import stats
 from bench.processes import free_port, policy_text, running_vramd, spawn
 from bench.real_requests import request, runtime_path, runtime_request
 from bench.report import markdown_table, rich_table, write_outputs
@@ -52,10 +52,6 @@ HEALTH_POLL_S = 0.002
 STOP_GRACE_S = 20.0
 SWAP = ("chat", "speech-to-text")
 COLUMNS = ("runtime", "by hand ms", "through vramd ms", "vramd adds ms", "runs")
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def first_byte(client: httpx.Client, url: str, kwargs: dict[str, Any], t0: float) -> float:
@@ -184,19 +180,23 @@ def row(name: str, hand: Sequence[float], vramd: Sequence[float]) -> dict[str, A
         "name": name,
         "by_hand_ms": hand,
         "through_vramd_ms": vramd,
-        "by_hand_median_ms": median(hand),
-        "through_vramd_median_ms": median(vramd),
-        "vramd_adds_ms": median(vramd) - median(hand),
+        "by_hand_median_ms": (by_hand := stats.median(hand)),
+        "through_vramd_median_ms": (through := stats.median(vramd)),
+        "vramd_adds_ms": None if by_hand is None or through is None else through - by_hand,
     }
+
+
+def _ms(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
 
 
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     return [
         [
             r["name"],
-            f"{r['by_hand_median_ms']:.1f}",
-            f"{r['through_vramd_median_ms']:.1f}",
-            f"{r['vramd_adds_ms']:+.1f}",
+            _ms(r["by_hand_median_ms"], "{:.1f}"),
+            _ms(r["through_vramd_median_ms"], "{:.1f}"),
+            _ms(r["vramd_adds_ms"], "{:+.1f}"),
             str(len(r["through_vramd_ms"])),
         ]
         for r in rows

@@ -33,7 +33,6 @@ import functools
 import multiprocessing
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ import httpx
 import psutil
 from rich.console import Console
 
+from bench import stats
 from bench.idle import cpu_seconds, twenty_services
 from bench.processes import answers, free_port, running_vramd, spawn, wait_until
 from bench.report import markdown_table, rich_table, write_outputs
@@ -115,8 +115,8 @@ def phase(
     return {
         "phase": name,
         "scrapes": len(ordered),
-        "p50_ms": statistics.median(ordered) if ordered else None,
-        "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
+        "p50_ms": stats.median(ordered),
+        "p99_ms": stats.percentile(ordered, 99) if ordered else None,
         "max_ms": ordered[-1] if ordered else None,
         "cpu_pct": 100 * cpu / elapsed,
     }

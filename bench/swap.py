@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from bench import stats
 from bench.processes import Vramd, free_port, policy_text, running_vramd, spawn
 from bench.report import markdown_table, rich_table, write_outputs
 from bench.swap_state import (
@@ -296,18 +296,13 @@ def swaps_through_router(
 # -- figures (pure) -------------------------------------------------------------------
 
 
-def median_of(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    values = [float(row[key]) for row in rows if row.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
 def median_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Per step, the median over the rows whose events carried it, in ``STEP_KEYS`` order."""
     out = {}
     for key in STEP_KEYS:
         values = [row["steps"][key] for row in rows if key in row.get("steps", {})]
         if values:
-            out[key] = statistics.median(values)
+            out[key] = stats.percentile(values, 50)
     return out
 
 
@@ -315,7 +310,7 @@ def summarize(results: Mapping[str, Any]) -> dict[str, Any]:
     """Medians per method, vramd's added cold start, the swap ratio against the router,
     and (under ``state``) bench.swap_state's figures."""
     medians = {
-        method: {key: median_of(rows, key) for key in ("first_byte_ms", "full_ms")}
+        method: {key: stats.median_of(rows, key) for key in ("first_byte_ms", "full_ms")}
         for method, rows in results.items()
         if method != STATE
     }

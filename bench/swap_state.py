@@ -35,7 +35,6 @@ median absolute deviation of the two variants) is said to be so, not divided.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,15 +43,16 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from bench import stats
 from bench.processes import Vramd, policy_text, running_vramd
 from bench.report import markdown_table, rich_table
 from bench.tiny_gguf import write_tiny_llama
+from service.units import MIB
 
-STATE_SHAPE = {"n_layer": 8, "n_embd": 256, "n_head": 4, "n_ff": 512, "n_ctx": 1024}
+STATE_SHAPE: dict[str, int] = {"n_layer": 8, "n_embd": 256, "n_head": 4, "n_ff": 512, "n_ctx": 1024}
 SERVICES = ("a", "b")
 VARIANTS = {"stateful": "with state", "stateless": "without state"}
 MAX_TOKENS = 8
-MIB = 1024 * 1024
 SYSTEM = (
     "You are the assistant of a mountain hut. Answer in two short sentences, give times "
     "in 24-hour form, and say so when you do not know."
@@ -95,7 +95,15 @@ def state_policy(binary: Path, models: Mapping[str, Path], *, stateful: bool) ->
 
 def write_state_models(models_dir: Path) -> dict[str, Path]:
     return {
-        name: write_tiny_llama(models_dir / f"state-{name}.gguf", seed=seed, **STATE_SHAPE)
+        name: write_tiny_llama(
+            models_dir / f"state-{name}.gguf",
+            seed=seed,
+            n_layer=STATE_SHAPE["n_layer"],
+            n_embd=STATE_SHAPE["n_embd"],
+            n_head=STATE_SHAPE["n_head"],
+            n_ff=STATE_SHAPE["n_ff"],
+            n_ctx=STATE_SHAPE["n_ctx"],
+        )
         for seed, name in enumerate(SERVICES, start=11)
     }
 
@@ -251,19 +259,6 @@ def state_figures(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def median_of(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    values = [float(row[key]) for row in rows if row.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
-def spread(values: Sequence[float]) -> float:
-    """The median absolute deviation: how far a run strays from the median."""
-    if not values:
-        return 0.0
-    mid = statistics.median(values)
-    return statistics.median(abs(v - mid) for v in values)
-
-
 MEDIAN_KEYS = (
     "away_first_byte_ms",
     "back_first_byte_ms",
@@ -285,7 +280,7 @@ MEDIAN_KEYS = (
 
 
 def variant_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    medians = {key: median_of(rows, key) for key in MEDIAN_KEYS}
+    medians = {key: stats.median_of(rows, key) for key in MEDIAN_KEYS}
     totals = [
         float(r["prompt_n"]) + float(r.get("cache_n") or 0)
         for r in rows
@@ -293,9 +288,9 @@ def variant_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ]
     return {
         **medians,
-        "prompt_tokens": statistics.median(totals) if totals else None,
-        "back_spread_ms": spread([r["back_first_byte_ms"] for r in rows]),
-        "swap_path_spread_ms": spread([r["swap_path_ms"] for r in rows]),
+        "prompt_tokens": stats.median(totals),
+        "back_spread_ms": stats.spread([r["back_first_byte_ms"] for r in rows]),
+        "swap_path_spread_ms": stats.spread([r["swap_path_ms"] for r in rows]),
         "runs": len(rows),
         "verified": sum(1 for r in rows if r.get("verified")),
         "failures": sum(r.get("save_failures", 0) + r.get("restore_failures", 0) for r in rows),

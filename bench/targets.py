@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bench.systems import FIXED_SYSTEMS
+from bench.systems import FIXED_SYSTEMS as FIXED_SYSTEMS
 
 BASELINES = ("lru-count", "static", "unbounded")
 NEEDED = ("vramd", *FIXED_SYSTEMS, *BASELINES)

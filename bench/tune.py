@@ -71,6 +71,30 @@ def tune_trace(
     return out
 
 
+def _summary(
+    warm: ProtectValue, on_demand: ProtectValue, traces: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One pair's row: how many targets it met over the traces, and which it missed."""
+    checks = [ok for t in traces for ok, _ in t["targets"].values()]
+    misses: dict[str, int] = {}
+    for t in traces:
+        for name, (ok, _) in t["targets"].items():
+            if not ok:
+                misses[name] = misses.get(name, 0) + 1
+    return {
+        "warm": warm,
+        "on_demand": on_demand,
+        "traces": traces,
+        "met": sum(checks),
+        "targets": len(checks),
+        "all_met": sum(all(ok for ok, _ in t["targets"].values()) for t in traces),
+        "served_within_timeout": sum(t["served_within_timeout"] for t in traces),
+        "mean_slo": sum(t["slo"] for t in traces) / len(traces) if traces else 0.0,
+        "cold_starts": sum(t["cold_starts"] for t in traces),
+        "misses": misses,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tune", description=__doc__.split("\n")[0])
     p.add_argument("--warm", default="2m,5m,10m,30m", help="warm protect defaults to try")
@@ -89,37 +113,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = [
         (case, point, args.duration, pairs) for case, point in tasks_of(cases, quick=args.quick)
     ]
-    rows = [{"warm": warm, "on_demand": on_demand, "traces": []} for warm, on_demand in pairs]
-    for done, per_pair in enumerate(run_all(tune_trace, jobs, args.jobs), start=1):
-        for row, result in zip(rows, per_pair, strict=True):
-            row["traces"].append(result)
-        print(f"{done}/{len(jobs)} {per_pair[0]['case']} {per_pair[0]['trace']}", file=sys.stderr)
+    per_pair: list[list[dict[str, Any]]] = [[] for _ in pairs]
+    for done, results in enumerate(run_all(tune_trace, jobs, args.jobs), start=1):
+        for traces, result in zip(per_pair, results, strict=True):
+            traces.append(result)
+        print(f"{done}/{len(jobs)} {results[0]['case']} {results[0]['trace']}", file=sys.stderr)
     print(
         f"{'warm':>6} {'on-demand':>9} {'targets met':>12} {'all met':>8} {'served':>8} "
         f"{'SLO':>7} {'cold':>6}  misses"
     )
+    rows = [
+        _summary(warm, on_demand, traces)
+        for (warm, on_demand), traces in zip(pairs, per_pair, strict=True)
+    ]
     for row in rows:
-        traces = row["traces"]
-        checks = [ok for t in traces for ok, _ in t["targets"].values()]
-        misses: dict[str, int] = {}
-        for t in traces:
-            for name, (ok, _) in t["targets"].items():
-                if not ok:
-                    misses[name] = misses.get(name, 0) + 1
-        row.update(
-            met=sum(checks),
-            targets=len(checks),
-            all_met=sum(all(ok for ok, _ in t["targets"].values()) for t in traces),
-            served_within_timeout=sum(t["served_within_timeout"] for t in traces),
-            mean_slo=sum(t["slo"] for t in traces) / len(traces) if traces else 0.0,
-            cold_starts=sum(t["cold_starts"] for t in traces),
-            misses=misses,
-        )
         print(
             f"{_label(row['warm']):>6} {_label(row['on_demand']):>9} "
-            f"{row['met']:>5}/{row['targets']:<6} {row['all_met']:>4}/{len(traces):<3} "
+            f"{row['met']:>5}/{row['targets']:<6} {row['all_met']:>4}/{len(row['traces']):<3} "
             f"{row['served_within_timeout']:>8} {row['mean_slo']:>7.1%} {row['cold_starts']:>6}  "
-            + (", ".join(f"{k} {v}" for k, v in sorted(misses.items())) or "-")
+            + (", ".join(f"{k} {v}" for k, v in sorted(row["misses"].items())) or "-")
         )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

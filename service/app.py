@@ -37,7 +37,7 @@ from service.devices import DeviceProbe, create_probe
 from service.errors import VramdError
 from service.health.healthz import Health
 from service.kernel.effects import KernelEffects
-from service.kernel.orchestrator import TICK_S, Orchestrator
+from service.kernel.orchestrator import Orchestrator
 from service.kernel.sleeping import SleepMode
 from service.kernel.tickets import Tickets
 from service.kernel.tuning import AutoTuning
@@ -50,7 +50,7 @@ from service.memory.doctor import Doctor
 from service.memory.sampling import LastReading, Sampler
 from service.policy import Policy, load_policy
 from service.proxy.request import ProxyConfig
-from service.scheduler import Learned, Pump, Scheduler, rules_from_policy
+from service.scheduler import TICK_S, Learned, Pump, Scheduler, rules_from_policy
 from service.settings import Settings, server_address
 from service.store import Store, StoreWriter, open_store, queries
 from service.store.lock import DatabaseLock

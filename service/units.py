@@ -27,6 +27,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
+MIB = 1024**2
+GIB = 1024**3
 SIZE_HINT = "a size such as 512MiB, 6GiB, 6GB, 1.5GiB or a whole number of bytes"
 # Far beyond any device, and inside SQLite's 64-bit integers.
 MAX_SIZE = 2**62

@@ -16,16 +16,14 @@ from service.replay.vramd import Vramd, fixed_system
 from service.scheduler import FIXED, Tuning
 
 FIXED_SYSTEMS = tuple(f"vramd:{setting.value}" for setting in FIXED)
-SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls
-    for cls in (
-        Vramd,
-        *(fixed_system(Tuning(setting, never)) for never in (False, True) for setting in FIXED),
-        SwapOne,
-        LruCount,
-        Static,
-        Unbounded,
-    )
-}
+_ALL: tuple[type[System], ...] = (
+    Vramd,
+    *(fixed_system(Tuning(setting, never)) for never in (False, True) for setting in FIXED),
+    SwapOne,
+    LruCount,
+    Static,
+    Unbounded,
+)
+SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in _ALL}
 
 __all__ = ["FIXED_SYSTEMS", "SYSTEMS", "LruCount", "Static", "SwapOne", "Unbounded", "Vramd"]

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-MIB = 1024 * 1024
+from service.units import MIB
+
 _FILL = memoryview(b"\xa5" * MIB)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only
 

@@ -16,10 +16,11 @@ import time
 from types import FrameType
 
 from service.demo_runtime.log import log
-from service.demo_runtime.memory import MIB, Worker, spawn_workers, stop_workers, touch_memory
+from service.demo_runtime.memory import Worker, spawn_workers, stop_workers, touch_memory
 from service.demo_runtime.options import Options, parse_args
 from service.demo_runtime.server import DemoServer
 from service.demo_runtime.state import Runtime
+from service.units import MIB
 
 
 def fail_start(opts: Options) -> int:

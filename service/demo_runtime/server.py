@@ -28,12 +28,12 @@ from typing import Any, NoReturn
 from service.demo_runtime import native, slot_actions
 from service.demo_runtime.bodies import parse_payload
 from service.demo_runtime.log import log
-from service.demo_runtime.memory import MIB
 from service.demo_runtime.paths import UTILITY_ROUTES, Route, inference_routes, is_anthropic
 from service.demo_runtime.replies import ApiError, Reply, json_reply
 from service.demo_runtime.slots import TIMED_PATHS, timings, with_timings
 from service.demo_runtime.state import Runtime
 from service.demo_runtime.text import prompt_tokens
+from service.units import MIB
 
 MAX_BODY = 64 * MIB
 CRASH_AFTER_CHUNKS = 2  # a streamed --crash-after request dies after this many events

@@ -48,6 +48,7 @@ from service.memory.sampling import LastReading, Sampler
 from service.policy import Policy, diff_policies, load_policy
 from service.scheduler import (
     ANONYMOUS,
+    TICK_S,
     Event,
     LoadRequested,
     PolicyChanged,
@@ -67,7 +68,6 @@ from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.store import Store, StoreWriter
 from service.store.policy_records import persist_policy, window_conflicts
 
-TICK_S = 0.2
 # Beyond a service's stop and startup timeouts, how long an operator waits for an answer.
 OPERATOR_SLACK_S = 30.0
 

@@ -33,7 +33,15 @@ from service.domain import RESIDENT_STATES, InstanceState, ProbeReading
 from service.errors import StoreError
 from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.memory.watch import Finding, Watches
-from service.scheduler import Event, Learned, LearnedChanged, LedgerView, MemorySampled, ServiceView
+from service.scheduler import (
+    Event,
+    Learned,
+    LearnedChanged,
+    LedgerView,
+    MemorySampled,
+    ServiceView,
+    raised_peak,
+)
 from service.store import Store, StoreWriter, queries
 
 log = logging.getLogger("vramd.sampling")
@@ -42,9 +50,6 @@ SLEEPING = InstanceState.SLEEPING
 DOWNSAMPLE_EVERY_S = 60.0
 # The learned peak is the highest footprint of the service's *recent* instances.
 RECENT_INSTANCES = 5
-# A new learned peak is persisted only when it grows by more than this fraction, so a
-# slowly warming cache does not write a row every second.
-LEARN_STEP = 0.01
 
 
 async def _slots_kv(client: httpx.AsyncClient, path: str, rt: ServiceRuntime) -> float | None:
@@ -256,9 +261,9 @@ class Sampler:
     def _learn_peak(self, rt: ServiceRuntime) -> None:
         learned = self._view.service_view(rt.name)
         current = learned.expected_peak
-        cap = rt.spec.memory.cap
-        peak = rt.peak if cap is None else min(rt.peak, cap)
-        if peak <= max(rt.spec.memory.estimate, current) * (1 + LEARN_STEP):
+        memory = rt.spec.memory
+        peak = raised_peak(rt.peak, estimate=memory.estimate, cap=memory.cap, expected=current)
+        if peak is None:
             return
         rt.learned_peak = peak
         name, now = rt.name, self._clock.now()

@@ -18,8 +18,7 @@ import httpx
 from service.policy import ServerConfig
 from service.policy.clients import ANONYMOUS
 from service.proxy.dialects import OPENAI, Dialect
-
-MIB = 1024 * 1024
+from service.units import MIB
 
 # Request headers worth passing on. Everything else stays here: Authorization holds the
 # client's vramd key, Host and Content-Length are recomputed, cookies mean nothing to a

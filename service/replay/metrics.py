@@ -47,9 +47,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.domain import Residency
-from service.replay.setup import GIB, Setup
+from service.replay.setup import Setup
 from service.replay.trace import TraceRequest
 from service.scheduler.yielding import SLO_FACTOR
+from service.units import GIB
 
 REQUEST_KEYS = (
     "requests",
@@ -178,14 +179,24 @@ class Recorder:
         self.events.append({"t": round(now, 6), "kind": kind, "service": service, "data": data})
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks; None for no values."""
-    if not values:
-        return None
+def percentile(values: Iterable[float], pct: float) -> float:
+    """The ``pct``-th percentile (0-100) of ``values``, interpolated linearly between the
+    two closest ranks (numpy's default): the one meaning every vramd figure uses."""
     ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0 <= pct <= 100:
+        raise ValueError(f"percentile {pct} is outside 0-100")
+    pos = (len(ordered) - 1) * pct / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50 and p99, or None each where there are no values."""
+    if not values:
+        return {"p50": None, "p99": None}
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99)}
 
 
 def _past_timeout(r: RequestRecord, setup: Setup) -> bool:
@@ -219,8 +230,8 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
         "failed_oom": sum(1 for r in records if r.outcome == "failed" and r.code == "oom"),
         "killed": sum(1 for r in records if r.outcome == "failed" and r.code == "killed"),
         "unfinished": sum(1 for r in records if r.outcome == "pending"),
-        "latency_s": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
-        "queue_s": {"p50": percentile(queued, 0.5), "p99": percentile(queued, 0.99)},
+        "latency_s": _quantiles(latencies),
+        "queue_s": _quantiles(queued),
         "served_past_timeout": late,
         "served_within_timeout": len(served) - late,
         "share_within_timeout": (len(served) - late) / len(records) if records else None,

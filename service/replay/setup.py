@@ -24,8 +24,8 @@ from service.domain import Residency, ServiceKind
 from service.policy import Policy
 from service.replay.benchdata import RuntimeBench, resolve_bench
 from service.scheduler import DeviceRule, ServiceRule, rules_from_policy
+from service.units import GIB
 
-GIB = 1024**3
 DEFAULT_SLACK = 1 * GIB
 
 

@@ -52,6 +52,7 @@ from service.replay.harness import System, World
 from service.replay.trace import TraceRequest
 from service.scheduler import (
     RUNTIME_FAILED,
+    TICK_S,
     DeviceReading,
     Event,
     Grant,
@@ -78,11 +79,10 @@ from service.scheduler import (
     Tick,
     Tuning,
     TuningChanged,
+    raised_peak,
 )
 from service.supervisor.backoff import RestartPolicy, RestartTracker
 
-TICK_S = 0.2  # the orchestrator's tick (service.kernel.orchestrator.TICK_S)
-LEARN_STEP = 0.01  # service.memory.sampling.LEARN_STEP
 OOM_ERROR = "CUDA error: out of memory"
 
 
@@ -389,9 +389,9 @@ class Vramd(System):
         proc = self.procs[service]
         proc.peak = max(proc.peak, footprint)
         rule = self.setup.rules[service]
-        peak = proc.peak if rule.cap is None else min(proc.peak, rule.cap)
         expected = self.scheduler.service_view(service).expected_peak
-        if peak <= max(rule.estimate, expected) * (1 + LEARN_STEP):
+        peak = raised_peak(proc.peak, estimate=rule.estimate, cap=rule.cap, expected=expected)
+        if peak is None:
             return
         self.learned_peak[service] = peak
         self._feed(LearnedChanged(service, self._learned(service)))

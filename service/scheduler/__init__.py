@@ -13,7 +13,7 @@ planner.py    run_pass: the scheduling pass after every event (drains, restarts,
 book.py       Book: the one owner of decision state; each move appends its action
 state.py      ServiceState, Plan: one service's logical instance, queue, waiting load
 fairness.py   FairQueue, Waiter, ClientRule: whose waiting request goes next, who may join
-rules.py      ServiceRule, DeviceRule, Learned, rules_from_policy, clients_from_policy: the
+rules.py      ServiceRule, DeviceRule, Learned, raised_peak, rules_from_policy: the
               policy narrowed to values
 ledger.py     Ledger, budget_of, available_of: how many bytes each device can still hand out
 admission.py  decide: place a load, plan evictions for it, make it wait, or refuse it
@@ -44,6 +44,7 @@ from service.scheduler.actions import (
 )
 from service.scheduler.core import Scheduler
 from service.scheduler.events import (
+    TICK_S,
     Event,
     InstanceAdopted,
     InstanceAsleep,
@@ -76,6 +77,7 @@ from service.scheduler.rules import (
     ServiceRule,
     clients_from_policy,
     expected_peak,
+    raised_peak,
     rules_from_policy,
 )
 from service.scheduler.state import ServiceView
@@ -90,6 +92,7 @@ __all__ = [
     "QUEUE_FULL",
     "QUEUE_TIMEOUT",
     "RUNTIME_FAILED",
+    "TICK_S",
     "WINDOW_CLOSED",
     "Action",
     "Arrival",
@@ -136,5 +139,6 @@ __all__ = [
     "WindowChanged",
     "clients_from_policy",
     "expected_peak",
+    "raised_peak",
     "rules_from_policy",
 ]

@@ -108,6 +108,10 @@ class MemorySampled:
     per_device: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
 
+# How often the orchestrator (and the simulator, on its virtual clock) feeds a Tick.
+TICK_S = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class Tick:
     """Periodic: queue timeouts, idle TTLs and drain deadlines are checked only here."""

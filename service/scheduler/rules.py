@@ -90,6 +90,19 @@ def expected_peak(rule: ServiceRule, learned: Learned | None = None) -> int:
     return peak
 
 
+# A higher footprint becomes the learned peak only when it beats what is expected by more
+# than this fraction, so a slowly warming cache does not write a row every second.
+LEARN_STEP = 0.01
+
+
+def raised_peak(observed: int, *, estimate: int, cap: int | None, expected: int) -> int | None:
+    """The new learned peak for a service seen at ``observed`` bytes (clamped to its cap),
+    or None where that is not more than ``LEARN_STEP`` above ``max(estimate, expected)``.
+    The daemon's sampler and the simulator both learn by this rule."""
+    peak = observed if cap is None else min(observed, cap)
+    return None if peak <= max(estimate, expected) * (1 + LEARN_STEP) else peak
+
+
 def share_of(total: int, shares: tuple[float, ...], index: int) -> int:
     """Device ``index``'s part of ``total`` bytes (rounded up: never under-charged)."""
     return total if len(shares) == 1 else math.ceil(total * shares[index])

@@ -16,16 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench import idle, proxy
-from bench.load import Target, burst, percentile
+from bench.load import Target, burst
 from bench.processes import answers, free_port, spawn, wait_until
-
-
-def test_percentile_is_nearest_rank() -> None:
-    samples = [float(n) for n in range(1, 101)]
-    assert percentile(samples, 50) == 50.0
-    assert percentile(samples, 99) == 99.0
-    assert percentile(samples, 100) == 100.0
-    assert percentile([3.0], 99) == 3.0
 
 
 def test_the_client_reads_length_framed_and_chunked_answers() -> None:

@@ -39,8 +39,9 @@ from service.replay.benchdata import parse_bench_data
 from service.replay.device import SimDevice
 from service.replay.harness import run_system
 from service.replay.metrics import REQUEST_KEYS, RUN_KEYS
-from service.replay.setup import GIB, Setup, build_setup
+from service.replay.setup import Setup, build_setup
 from service.replay.trace import TraceRequest, dump_trace, parse_trace
+from service.units import GIB
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

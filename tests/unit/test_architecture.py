@@ -152,7 +152,15 @@ def test_every_part_is_on_the_map_in_the_docs() -> None:
     assert unnamed == [] and top == []
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda path: str(path.relative_to(SERVICE)))
+def bench_modules() -> list[Path]:
+    return sorted(
+        path for path in (ROOT / "bench").rglob("*.py") if "__pycache__" not in path.parts
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [*modules(), *bench_modules()], ids=lambda path: str(path.relative_to(ROOT))
+)
 def test_modules_and_functions_stay_readable_in_one_sitting(path: Path) -> None:
     text = path.read_text()
     assert text.count("\n") <= MODULE_LINES_MAX, f"{path.name}: split it by concept"
@@ -178,3 +186,26 @@ def test_code_cites_the_projects_own_docs_never_a_document_outside_it() -> None:
         if re.search(r"\bDESIGN\b", line)
     ]
     assert outside == []
+
+
+def module_constants(paths: list[Path]) -> dict[tuple[str, str], list[str]]:
+    """(NAME, value as written) -> where, for every module-level UPPER_CASE literal."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id.isupper() and len(target.id) > 1:
+                found[(target.id, ast.unparse(value))].append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_the_simulator_and_the_bench_import_the_daemons_constants_never_copy_them() -> None:
+    replay = SERVICE / "replay"
+    daemon = module_constants([p for p in modules() if replay not in p.parents])
+    copies = module_constants([*sorted(replay.glob("*.py")), *bench_modules()])
+    assert {key: where for key, where in copies.items() if key in daemon} == {}

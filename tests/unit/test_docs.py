@@ -15,6 +15,7 @@ Nothing here starts a daemon or a process: the app is built without running its 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -332,3 +333,23 @@ def test_every_cli_option_is_documented_in_its_section() -> None:
             continue
         problems += [f"{path}: {opt}" for opt in options if f"`{opt}`" not in section]
     assert not problems, f"docs/cli.md does not document: {problems}"
+
+
+def make_targets(prefix: str) -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(rf"^({prefix}[\w-]*):", text, re.M))
+
+
+def test_the_readme_lists_every_benchmark_target_once_and_no_other_doc_lists_them() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Benchmarks") :]
+    table = table[: table.index("\n## ")]
+    rows = re.findall(r"^\| `make ([\w-]+)` \|", table, re.M)
+    assert sorted(rows) == sorted(make_targets("bench")), "README's benchmark table"
+    lists = [  # a section may show its own target; two in a row make a second list
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "docs").glob("*.md"))
+        for number, (line, after) in enumerate(itertools.pairwise(path.read_text().splitlines()), 1)
+        if line.startswith("make bench") and after.startswith("make bench")
+    ]
+    assert lists == [], "the README's table is the one list of benchmark targets"
