@@ -19,12 +19,13 @@
         ├── RuntimeFailed          502 runtime_failed
         └── RuntimeTimeout         504 runtime_timeout
 
-``RequestRejected`` subclasses carry the HTTP status and the error ``code`` of the API
-contract (docs/api.md, "Errors"), so one handler turns any of them into a response.
+``RequestRejected`` subclasses carry an ``ErrorCode`` (docs/api.md, "Errors"), which
+gives the HTTP status and type, so one handler turns any of them into a response.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar
 
 
@@ -44,94 +45,170 @@ class ProbeError(VramdError):
     pass
 
 
+class ErrorCode(StrEnum):
+    """Every error code vramd answers with: the one place each is spelled. Its HTTP status
+    and OpenAI error type come with it (``status``, ``error_type``)."""
+
+    INVALID_REQUEST = "invalid_request"
+    INVALID_POLICY = "invalid_policy"
+    UNAUTHORIZED = "unauthorized"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+    MODEL_NOT_FOUND = "model_not_found"
+    SERVICE_NOT_FOUND = "service_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    QUEUE_FULL = "queue_full"
+    INTERNAL_ERROR = "internal_error"
+    RUNTIME_FAILED = "runtime_failed"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    QUEUE_TIMEOUT = "queue_timeout"
+    WINDOW_CLOSED = "window_closed"
+    HANDED_OVER = "handed_over"
+    NOT_IMPLEMENTED = "not_implemented"
+    RUNTIME_TIMEOUT = "runtime_timeout"
+    ERROR = "error"  # any other HTTP error the framework raises
+
+    @property
+    def status(self) -> int:
+        return _SHAPES[self][0]
+
+    @property
+    def error_type(self) -> str:
+        return _SHAPES[self][1]
+
+    @classmethod
+    def of_status(cls, status: int) -> ErrorCode:
+        """The code for an HTTP error the framework raised with only a status."""
+        return _BY_STATUS.get(status, cls.ERROR)
+
+
+_SHAPES: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorCode.INVALID_POLICY: (422, "invalid_request_error"),
+    ErrorCode.UNAUTHORIZED: (401, "authentication_error"),
+    ErrorCode.MODEL_NOT_ALLOWED: (403, "permission_error"),
+    ErrorCode.INSUFFICIENT_SCOPE: (403, "permission_error"),
+    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error"),
+    ErrorCode.SERVICE_NOT_FOUND: (404, "invalid_request_error"),
+    ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
+    ErrorCode.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorCode.REQUEST_TOO_LARGE: (413, "invalid_request_error"),
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
+    ErrorCode.QUEUE_FULL: (429, "rate_limit_error"),
+    ErrorCode.INTERNAL_ERROR: (500, "server_error"),
+    ErrorCode.RUNTIME_FAILED: (502, "server_error"),
+    ErrorCode.INSUFFICIENT_CAPACITY: (503, "server_error"),
+    ErrorCode.QUEUE_TIMEOUT: (503, "server_error"),
+    ErrorCode.WINDOW_CLOSED: (503, "server_error"),
+    ErrorCode.HANDED_OVER: (503, "server_error"),
+    ErrorCode.NOT_IMPLEMENTED: (501, "invalid_request_error"),
+    ErrorCode.RUNTIME_TIMEOUT: (504, "server_error"),
+    ErrorCode.ERROR: (500, "invalid_request_error"),
+}
+# The framework's own HTTP errors (an unknown path, a body too large ...) by status.
+_BY_STATUS = {
+    400: ErrorCode.INVALID_REQUEST,
+    401: ErrorCode.UNAUTHORIZED,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.REQUEST_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    422: ErrorCode.INVALID_REQUEST,
+}
+
+
 class RequestRejected(VramdError):
-    status: ClassVar[int] = 500
-    code: ClassVar[str] = "internal_error"
-    error_type: ClassVar[str] = "server_error"
+    """A request vramd answers with an error: its ``code`` gives the status and type."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
+    _by_code: ClassVar[dict[ErrorCode, type[RequestRejected]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        RequestRejected._by_code[cls.code] = cls
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
 
+    @property
+    def status(self) -> int:
+        return self.code.status
+
+    @property
+    def error_type(self) -> str:
+        return self.code.error_type
+
+    @staticmethod
+    def of(code: ErrorCode, message: str, *, retry_after: float | None = None) -> RequestRejected:
+        """The exception a client gets for ``code`` (the scheduler's rejects, for one)."""
+        cls = RequestRejected._by_code.get(code, RuntimeFailed)
+        return cls(message, retry_after=retry_after)
+
 
 class HandedOver(RequestRejected):
     """A new daemon has taken over (``--replace``): the request goes to it, not answered
     here; 503 only where a route cannot forward it."""
 
-    status = 503
-    code = "handed_over"
-    error_type = "server_error"
+    code = ErrorCode.HANDED_OVER
 
 
 class ModelNotFound(RequestRejected):
-    status = 404
-    code = "model_not_found"
-    error_type = "invalid_request_error"
+    code = ErrorCode.MODEL_NOT_FOUND
 
 
 class InvalidRequest(RequestRejected):
-    status = 400
-    code = "invalid_request"
-    error_type = "invalid_request_error"
+    code = ErrorCode.INVALID_REQUEST
 
 
 class Unauthorized(RequestRejected):
-    status = 401
-    code = "unauthorized"
-    error_type = "authentication_error"
+    code = ErrorCode.UNAUTHORIZED
 
 
 class ModelNotAllowed(RequestRejected):
     """The client's key may not use the model it named (``server.clients.*.models``)."""
 
-    status = 403
-    code = "model_not_allowed"
-    error_type = "permission_error"
+    code = ErrorCode.MODEL_NOT_ALLOWED
 
 
 class InsufficientScope(RequestRejected):
     """The admin key lacks the scope the route needs (read, operate, apply)."""
 
-    status = 403
-    code = "insufficient_scope"
-    error_type = "permission_error"
+    code = ErrorCode.INSUFFICIENT_SCOPE
 
 
 class QueueFull(RequestRejected):
-    status = 429
-    code = "queue_full"
-    error_type = "rate_limit_error"
+    code = ErrorCode.QUEUE_FULL
 
 
 class InsufficientCapacity(RequestRejected):
-    status = 503
-    code = "insufficient_capacity"
-    error_type = "server_error"
+    code = ErrorCode.INSUFFICIENT_CAPACITY
 
 
 class QueueTimeout(RequestRejected):
-    status = 503
-    code = "queue_timeout"
-    error_type = "server_error"
+    code = ErrorCode.QUEUE_TIMEOUT
 
 
 class WindowClosed(RequestRejected):
-    status = 503
-    code = "window_closed"
-    error_type = "server_error"
+    code = ErrorCode.WINDOW_CLOSED
 
 
 class RuntimeFailed(RequestRejected):
-    status = 502
-    code = "runtime_failed"
-    error_type = "server_error"
+    code = ErrorCode.RUNTIME_FAILED
 
 
 class RuntimeTimeout(RequestRejected):
-    status = 504
-    code = "runtime_timeout"
-    error_type = "server_error"
+    code = ErrorCode.RUNTIME_TIMEOUT
+
+
+class ServiceNotFound(RequestRejected):
+    """An admin route named a service the active policy does not have."""
+
+    code = ErrorCode.SERVICE_NOT_FOUND
 
 
 class PolicyError(VramdError):
@@ -164,11 +241,3 @@ class PolicyIssue:
 
     def __repr__(self) -> str:
         return f"PolicyIssue({self!s})"
-
-
-class ServiceNotFound(RequestRejected):
-    """An admin route named a service the active policy does not have."""
-
-    status = 404
-    code = "service_not_found"
-    error_type = "invalid_request_error"

@@ -25,7 +25,7 @@ from service.api.auth import require_admin_key
 from service.api.deps import OrchestratorDep, StoreDep, WriterDep
 from service.api.errors import error_response
 from service.api.openai import read_body
-from service.errors import InvalidRequest, PolicyError
+from service.errors import ErrorCode, InvalidRequest, PolicyError
 from service.policy import MAX_WINDOW_S, NAME_PATTERN
 from service.store import StoreWriter, queries
 from service.units import parse_duration
@@ -122,7 +122,7 @@ async def apply_policy(
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        return error_response(400, "invalid_request", "the policy body must be UTF-8 YAML")
+        return error_response(ErrorCode.INVALID_REQUEST, "the policy body must be UTF-8 YAML")
     try:
         return await orchestrator.apply_policy(text, source="api", dry_run=dry_run)
     except PolicyError as exc:
@@ -155,7 +155,7 @@ async def rollback(
         row = queries.get_policy_version(session, version=version)
         text = row.text if row is not None else None
     if text is None:
-        return error_response(404, "not_found", f"no policy version {version}")
+        return error_response(ErrorCode.NOT_FOUND, f"no policy version {version}")
     try:
         return await orchestrator.apply_policy(text, source=f"rollback to version {version}")
     except PolicyError as exc:  # a version stored by an older vramd may not validate now
@@ -163,18 +163,18 @@ async def rollback(
 
 
 def policy_error_response(exc: PolicyError) -> JSONResponse:
-    count = len(exc.issues)
+    count, code = len(exc.issues), ErrorCode.INVALID_POLICY
     return JSONResponse(
         {
             "error": {
                 "message": f"invalid policy ({count} error{'s' if count != 1 else ''}); "
                 "nothing was changed",
-                "type": "invalid_request_error",
-                "code": "invalid_policy",
+                "type": code.error_type,
+                "code": code,
             },
             "errors": [issue.as_dict() for issue in exc.issues],
         },
-        status_code=422,
+        status_code=code.status,
     )
 
 

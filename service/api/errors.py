@@ -17,38 +17,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import RequestRejected
+from service.errors import ErrorCode, RequestRejected
 from service.proxy.dialects import OPENAI, Dialect, Problem, dialect_for
 
 log = logging.getLogger("vramd.api")
 
 
 def error_response(
-    status: int,
-    code: str,
+    code: ErrorCode,
     message: str,
     *,
-    error_type: str = "invalid_request_error",
-    retry_after: float | None = None,
     extra: dict[str, Any] | None = None,
     dialect: Dialect = OPENAI,
+    http_status: int | None = None,
 ) -> JSONResponse:
-    return dialect.reply(Problem(status, code, message, error_type, retry_after, extra))
+    return dialect.reply(Problem(code, message, extra=extra, http_status=http_status))
 
 
 def rejection_response(exc: RequestRejected, dialect: Dialect = OPENAI) -> JSONResponse:
     return dialect.reply(exc)
-
-
-_STATUS_CODES = {
-    400: "invalid_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "request_too_large",
-    415: "unsupported_media_type",
-    422: "invalid_request",
-}
 
 
 def install_error_handlers(
@@ -65,8 +52,10 @@ def install_error_handlers(
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = _STATUS_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), dialect=dialect(request))
+        code = ErrorCode.of_status(exc.status_code)
+        return error_response(
+            code, str(exc.detail), dialect=dialect(request), http_status=exc.status_code
+        )
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -75,17 +64,15 @@ def install_error_handlers(
             for err in exc.errors()
         )
         return error_response(
-            400, "invalid_request", problems or "invalid request", dialect=dialect(request)
+            ErrorCode.INVALID_REQUEST, problems or "invalid request", dialect=dialect(request)
         )
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug in vramd: still an answer in the client's shape; the traceback is logged.
         log.error("unhandled error answering a request", exc_info=exc)
         return error_response(
-            500,
-            "internal_error",
+            ErrorCode.INTERNAL_ERROR,
             f"internal error in vramd ({type(exc).__name__}); see the daemon log",
-            error_type="server_error",
             dialect=dialect(request),
         )
 

@@ -36,7 +36,7 @@ from service.api.auth import Caller, install_auth, require_api_key
 from service.api.deps import get_orchestrator
 from service.api.errors import error_response, install_error_handlers
 from service.api.openai import get_leases, get_proxy_config, read_body, request_shape
-from service.errors import InvalidRequest, ModelNotFound
+from service.errors import ErrorCode, InvalidRequest, ModelNotFound
 from service.live.leases import LeaseProvider, Outcome, Routed
 from service.ollama import (
     MANAGEMENT_MESSAGE,
@@ -149,7 +149,7 @@ async def api_embeddings(request: Request, caller: CallerDep) -> Response:
 
 
 def _managed_by_policy() -> JSONResponse:
-    return error_response(501, "not_implemented", MANAGEMENT_MESSAGE, dialect=OLLAMA)
+    return error_response(ErrorCode.NOT_IMPLEMENTED, MANAGEMENT_MESSAGE, dialect=OLLAMA)
 
 
 for _method, _path in MANAGEMENT_ROUTES:

@@ -21,14 +21,14 @@ from typing import Protocol
 from service.clock import Clock
 from service.devices import DeviceProbe
 from service.domain import INSTANCE_FLAGS, Flag, InstanceState
-from service.errors import RuntimeFailed
+from service.errors import RequestRejected
 from service.kernel.background import BackgroundTasks
 from service.kernel.sleeping import SleepMode
 from service.kernel.swap_steps import SwapSteps, ms, now
 from service.kernel.takeover import record_sleep, record_spawn
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
-from service.live.leases import REJECTIONS, Lease, Waiters
+from service.live.leases import Lease, Waiters
 from service.live.runtimes import (
     FIT_TARGET,
     RuntimeTable,
@@ -163,10 +163,8 @@ class KernelEffects:
         )
 
     def reject(self, action: Reject) -> None:
-        error = REJECTIONS.get(action.code, RuntimeFailed)
-        waiter = self._waiters.refuse(
-            action.request_id, error(action.message, retry_after=action.retry_after)
-        )
+        error = RequestRejected.of(action.code, action.message, retry_after=action.retry_after)
+        waiter = self._waiters.refuse(action.request_id, error)
         if waiter is None:
             return
         self._accounts.ended(waiter.service, action.code, client=waiter.client)

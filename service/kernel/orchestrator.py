@@ -22,6 +22,7 @@ from service.adapters import find_oom
 from service.clock import Clock
 from service.domain import Flag, InstanceState
 from service.errors import (
+    ErrorCode,
     HandedOver,
     InsufficientCapacity,
     ModelNotFound,
@@ -313,7 +314,7 @@ class Orchestrator:
         try:
             return self._routing.resolve(model, route)
         except ModelNotFound:
-            self.accounts.counters.request_done("", "model_not_found")
+            self.accounts.counters.request_done("", ErrorCode.MODEL_NOT_FOUND)
             raise
 
     def service_named(self, name: str) -> str:

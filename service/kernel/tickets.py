@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from service.errors import InsufficientCapacity, RuntimeFailed, WindowClosed
+from service.errors import RequestRejected
 from service.scheduler import Resolve
 
 
@@ -43,9 +43,6 @@ class Tickets:
 
 def raise_for(answer: Resolve) -> None:
     """An operator's answer as the API's error, if it is one."""
-    if answer.outcome == "failed":
-        raise RuntimeFailed(answer.message)
-    if answer.outcome == "refused":
-        raise InsufficientCapacity(answer.message)
-    if answer.outcome == "window_closed":
-        raise WindowClosed(answer.message, retry_after=answer.retry_after)
+    code = answer.outcome.error
+    if code is not None:
+        raise RequestRejected.of(code, answer.message, retry_after=answer.retry_after)

@@ -18,27 +18,13 @@ import httpx
 
 from service.adapters.base import NativeRoute
 from service.errors import (
+    ErrorCode,
     HandedOver,
     InsufficientCapacity,
-    ModelNotFound,
-    QueueFull,
-    QueueTimeout,
     RequestRejected,
-    RuntimeFailed,
-    WindowClosed,
 )
 from service.live.usage import AnswerUsage
 from service.policy.clients import ANONYMOUS
-
-# The scheduler's reject codes (``service.scheduler.actions``) as the errors the API maps.
-REJECTIONS: dict[str, type[RequestRejected]] = {
-    "queue_full": QueueFull,
-    "queue_timeout": QueueTimeout,
-    "insufficient_capacity": InsufficientCapacity,
-    "window_closed": WindowClosed,
-    "runtime_failed": RuntimeFailed,
-    "model_not_found": ModelNotFound,
-}
 
 
 class Outcome(enum.StrEnum):
@@ -47,11 +33,13 @@ class Outcome(enum.StrEnum):
     OK = "ok"
     UPSTREAM_ERROR = "upstream_error"  # the runtime answered 4xx/5xx
     CLIENT_GONE = "client_gone"
-    RUNTIME_FAILED = "runtime_failed"  # unreachable, or died before the answer was whole
+    RUNTIME_FAILED = (
+        ErrorCode.RUNTIME_FAILED.value
+    )  # unreachable, or died before the answer was whole
     # The request never reached the runtime (it refused the connection: it had just
     # died): the proxy asks for a lease again, and this one counts as never granted.
     NOT_SENT = "not_sent"
-    RUNTIME_TIMEOUT = "runtime_timeout"
+    RUNTIME_TIMEOUT = ErrorCode.RUNTIME_TIMEOUT.value
     PROXY_ERROR = "proxy_error"  # a bug here, not the runtime's fault
 
 
@@ -195,4 +183,4 @@ class Waiters:
             self.refuse(request_id, HandedOver("a new vramd serves", retry_after=0))
 
 
-__all__ = ["REJECTIONS", "Lease", "LeaseProvider", "Outcome", "Waiter", "Waiters"]
+__all__ = ["Lease", "LeaseProvider", "Outcome", "Waiter", "Waiters"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from service.errors import RequestRejected
+from service.errors import ErrorCode, RequestRejected
 from service.policy.routes import ANTHROPIC_ROUTES
 
 # Anthropic's error types by HTTP status (its SDK raises the class for the status).
@@ -46,16 +46,24 @@ _ANTHROPIC_TYPES = {
 class Problem:
     """One error as vramd states it, before any API's wording."""
 
-    status: int
-    code: str
+    code: ErrorCode
     message: str
-    error_type: str = "invalid_request_error"
     retry_after: float | None = None
     extra: dict[str, Any] | None = None
+    # Only for the framework's errors whose status has no code of its own (``ERROR``).
+    http_status: int | None = None
+
+    @property
+    def status(self) -> int:
+        return self.http_status or self.code.status
+
+    @property
+    def error_type(self) -> str:
+        return self.code.error_type
 
     @classmethod
     def of(cls, exc: RequestRejected) -> Problem:
-        return cls(exc.status, exc.code, exc.message, exc.error_type, exc.retry_after)
+        return cls(exc.code, exc.message, exc.retry_after)
 
     def headers(self) -> dict[str, str]:
         if self.retry_after is None:

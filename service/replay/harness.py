@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from service.errors import ErrorCode
 from service.replay.clock import VirtualClock
 from service.replay.device import SimBox
 from service.replay.metrics import Recorder, summarize
@@ -105,7 +106,7 @@ def simulate(system_cls: type[S], setup: Setup, trace: Sequence[TraceRequest]) -
     def arrive(req: TraceRequest) -> None:
         service = setup.service_of(req.model)
         if service is None:
-            world.rec.refused(req.id, "model_not_found", world.now)
+            world.rec.refused(req.id, ErrorCode.MODEL_NOT_FOUND, world.now)
         else:
             system.arrive(req, service)
 

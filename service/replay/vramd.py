@@ -47,11 +47,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from service.errors import ErrorCode
 from service.replay import tuner as tuning
 from service.replay.harness import System, World
 from service.replay.trace import TraceRequest
 from service.scheduler import (
-    RUNTIME_FAILED,
     TICK_S,
     DeviceReading,
     Event,
@@ -224,7 +224,7 @@ class Vramd(System):
 
     def reject(self, action: Reject) -> None:
         now = self.clock.now
-        if action.code == RUNTIME_FAILED and action.service in self.gave_up_oom:
+        if action.code is ErrorCode.RUNTIME_FAILED and action.service in self.gave_up_oom:
             self.rec.failed(action.request_id, "oom", now)
             self.rec.event(now, "reject", action.service, code=action.code)
         else:

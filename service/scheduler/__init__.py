@@ -27,13 +27,8 @@ reasons.py    the words of waits and refusals an operator or a client sees
 
 from service.domain import DeviceReading
 from service.scheduler.actions import (
-    INSUFFICIENT_CAPACITY,
-    MODEL_NOT_FOUND,
-    QUEUE_FULL,
-    QUEUE_TIMEOUT,
-    RUNTIME_FAILED,
-    WINDOW_CLOSED,
     Action,
+    Answer,
     Grant,
     Note,
     Reject,
@@ -87,14 +82,9 @@ from service.scheduler.yielding import FIXED, Tuning
 __all__ = [
     "ANONYMOUS",
     "FIXED",
-    "INSUFFICIENT_CAPACITY",
-    "MODEL_NOT_FOUND",
-    "QUEUE_FULL",
-    "QUEUE_TIMEOUT",
-    "RUNTIME_FAILED",
     "TICK_S",
-    "WINDOW_CLOSED",
     "Action",
+    "Answer",
     "Arrival",
     "ClientRule",
     "DeviceReading",

@@ -14,16 +14,35 @@ is only ever sent ``Stop(drain=False)``: it has nothing to drain.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-# Reject codes: the API's error codes (docs/api.md, "Errors") that the scheduler uses.
-QUEUE_FULL = "queue_full"
-QUEUE_TIMEOUT = "queue_timeout"
-INSUFFICIENT_CAPACITY = "insufficient_capacity"
-WINDOW_CLOSED = "window_closed"
-RUNTIME_FAILED = "runtime_failed"
-MODEL_NOT_FOUND = "model_not_found"
+from service.errors import ErrorCode
+
+
+class Answer(enum.StrEnum):
+    """How an operator's load, unload or restart ended (``Resolve.outcome``)."""
+
+    READY = "ready"
+    WAITING = "waiting"  # for memory others hold; the load still happens when it can
+    REFUSED = "refused"  # it can never fit
+    FAILED = "failed"
+    WINDOW_CLOSED = ErrorCode.WINDOW_CLOSED.value
+    STOPPED = "stopped"
+    IGNORED = "ignored"
+
+    @property
+    def error(self) -> ErrorCode | None:
+        """The error an operator's client gets for this answer, if it is one."""
+        return _ANSWER_ERRORS.get(self)
+
+
+_ANSWER_ERRORS = {
+    Answer.FAILED: ErrorCode.RUNTIME_FAILED,
+    Answer.REFUSED: ErrorCode.INSUFFICIENT_CAPACITY,
+    Answer.WINDOW_CLOSED: ErrorCode.WINDOW_CLOSED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +107,7 @@ class Reject:
 
     request_id: str
     service: str
-    code: str
+    code: ErrorCode
     message: str
     retry_after: float | None = None
     client: str | None = None  # the request's client, when it was known
@@ -113,15 +132,11 @@ class Note:
 
 @dataclass(frozen=True, slots=True)
 class Resolve:
-    """Answer an operator's load, unload or restart (the event's ``ticket``).
-
-    ``outcome``: ready, waiting (for memory others hold; the load still happens when it
-    can), refused (it can never fit), failed, window_closed, stopped or ignored.
-    """
+    """Answer an operator's load, unload or restart (the event's ``ticket``)."""
 
     ticket: str
     service: str
-    outcome: str
+    outcome: Answer
     message: str = ""
     retry_after: float | None = None
 

@@ -15,9 +15,10 @@ import math
 from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
+from service.errors import ErrorCode
 from service.scheduler.actions import (
-    QUEUE_FULL,
     Action,
+    Answer,
     Grant,
     Note,
     Reject,
@@ -206,7 +207,7 @@ class Book:
 
     def refuse_or_make_room(
         self, svc: ServiceState, client: str
-    ) -> tuple[str, str, float | None] | None:
+    ) -> tuple[ErrorCode, str, float | None] | None:
         """Why a request of ``client`` may not join ``svc`` (a 429), or None; at a full
         service, a client under its share gets in by refusing the newest waiting request
         of the client furthest over its share (``fairness.make_room_for``)."""
@@ -219,7 +220,7 @@ class Book:
                     f"client {client} holds {mine} request(s) at {name}, its "
                     f"max_concurrency ({limit}); others are still admitted"
                 )
-                return QUEUE_FULL, message, self.share_retry(svc, client)
+                return ErrorCode.QUEUE_FULL, message, self.share_retry(svc, client)
         if len(svc.in_flight) + len(svc.queue) < rule.max_concurrency + rule.queue_max:
             return None
         full = (
@@ -227,12 +228,12 @@ class Book:
             f"queued (max_concurrency {rule.max_concurrency} + queue.max {rule.queue_max})"
         )
         if not rule.fair:
-            return QUEUE_FULL, full, self.retry_queue(svc)
+            return ErrorCode.QUEUE_FULL, full, self.retry_queue(svc)
         victim, why = make_room_for(svc.queue, client, self.crowding(svc, client))
         if victim is None:
-            return QUEUE_FULL, f"{full}; {why}", self.share_retry(svc, client)
+            return ErrorCode.QUEUE_FULL, f"{full}; {why}", self.share_retry(svc, client)
         retry = self.share_retry(svc, victim.client, but=1, joining=client)
-        self.reject(svc, victim, QUEUE_FULL, f"{full}; {why}", retry)
+        self.reject(svc, victim, ErrorCode.QUEUE_FULL, f"{full}; {why}", retry)
         return None
 
     def share_retry(
@@ -325,7 +326,7 @@ class Book:
     def forget(self, svc: ServiceState) -> None:
         """Drop a removed service's record; operators waiting on it get their answer."""
         for ticket, kind in list(svc.tickets.items()):
-            outcome = "stopped" if kind == "unload" else "ignored"
+            outcome = Answer.STOPPED if kind == "unload" else Answer.IGNORED
             self.resolve(svc, ticket, outcome, f"{svc.name} was removed from the policy")
         svc.tickets.clear()
         del self.services[svc.name]
@@ -335,7 +336,7 @@ class Book:
         self,
         svc: ServiceState,
         ticket: str,
-        outcome: str,
+        outcome: Answer,
         message: str = "",
         retry_after: float | None = None,
     ) -> None:
@@ -371,14 +372,14 @@ class Book:
             self.out.append(Note(svc.name, kind, message, dict(data)))
 
     def reject(
-        self, svc: ServiceState, waiter: Waiter, code: str, message: str, retry: float | None
+        self, svc: ServiceState, waiter: Waiter, code: ErrorCode, message: str, retry: float | None
     ) -> None:
         svc.queue.remove(waiter)
         self.requests.pop(waiter.request_id, None)
         self.out.append(Reject(waiter.request_id, svc.name, code, message, retry, waiter.client))
 
     def reject_queue(
-        self, svc: ServiceState, code: str, message: str, retry: float | None = None
+        self, svc: ServiceState, code: ErrorCode, message: str, retry: float | None = None
     ) -> None:
         for waiter in list(svc.queue):
             self.reject(svc, waiter, code, message, retry)

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from service.domain import InstanceState, Residency
-from service.scheduler import actions as act
+from service.errors import ErrorCode
 from service.scheduler.actions import Action, Note, Reject
 from service.scheduler.admission import ClockText
 from service.scheduler.book import Book
@@ -229,20 +229,20 @@ class Scheduler:
         svc = book.services.get(name)
         if svc is None or svc.removed:
             message = f"no service named {name!r}"
-            book.out.append(Reject(rid, name, act.MODEL_NOT_FOUND, message))
+            book.out.append(Reject(rid, name, ErrorCode.MODEL_NOT_FOUND, message))
             return
         rule = svc.rule
         svc.habits.arrived(book.now, svc.last_used if svc.idle else None)
-        refusal: tuple[str, str, float | None] | None = None
+        refusal: tuple[ErrorCode, str, float | None] | None = None
         if book.shutting_down:
-            refusal = (act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S)
+            refusal = (ErrorCode.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S)
         elif svc.state is S.FAILED:
-            refusal = (act.RUNTIME_FAILED, failed_message(svc), None)
+            refusal = (ErrorCode.RUNTIME_FAILED, failed_message(svc), None)
         elif rule.residency is Residency.WINDOW_ONLY and name not in book.allowed_now:
             message = f"{name} runs only in a maintenance window that allows it"
-            refusal = (act.WINDOW_CLOSED, message, book.retry_window(name))
+            refusal = (ErrorCode.WINDOW_CLOSED, message, book.retry_window(name))
         elif rule.residency is Residency.PINNED and svc.operator_unloaded:
-            refusal = (act.INSUFFICIENT_CAPACITY, unloaded_message(svc), None)
+            refusal = (ErrorCode.INSUFFICIENT_CAPACITY, unloaded_message(svc), None)
         else:
             refusal = book.refuse_or_make_room(svc, event.client)
         if refusal is not None:
@@ -323,7 +323,7 @@ class Scheduler:
         svc.error = event.error
         svc.load_intent = None
         svc.restart_pending = False
-        book.reject_queue(svc, act.RUNTIME_FAILED, failed_message(svc))
+        book.reject_queue(svc, ErrorCode.RUNTIME_FAILED, failed_message(svc))
         svc.wait = svc.behind = None
         svc.retry_at = None
         if svc.removed:
@@ -377,7 +377,7 @@ class Scheduler:
                     why, retry = what_it_waited_for(svc, now, book.clock)
                     if why:
                         message += f": {why}"
-                    book.reject(svc, waiter, act.QUEUE_TIMEOUT, message, retry)
+                    book.reject(svc, waiter, ErrorCode.QUEUE_TIMEOUT, message, retry)
             deadline = svc.drain_deadline
             if svc.state is S.DRAINING and deadline is not None and now >= deadline:
                 reason = (
@@ -403,7 +403,7 @@ class Scheduler:
             if svc.rule.residency is not Residency.WINDOW_ONLY or svc.name in book.allowed_now:
                 continue
             message = f"the maintenance window that allows {svc.name} closed"
-            book.reject_queue(svc, act.WINDOW_CLOSED, message, book.retry_window(svc.name))
+            book.reject_queue(svc, ErrorCode.WINDOW_CLOSED, message, book.retry_window(svc.name))
             svc.load_intent = None
             book.drop_plan(svc)
             book.stop(svc, "its maintenance window closed")
@@ -417,7 +417,7 @@ class Scheduler:
             if svc.removed:
                 continue
             message = f"service {name!r} was removed from the policy"
-            book.reject_queue(svc, act.MODEL_NOT_FOUND, message)
+            book.reject_queue(svc, ErrorCode.MODEL_NOT_FOUND, message)
             book.drop_plan(svc)
             svc.removed = True
             svc.load_intent = None
@@ -480,7 +480,7 @@ class Scheduler:
         book.shutting_down = True
         for svc in book.ordered():
             book.reject_queue(
-                svc, act.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S
+                svc, ErrorCode.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S
             )
             svc.load_intent = None
             svc.restart_pending = False

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.domain import InstanceState
+from service.errors import ErrorCode
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
 from service.scheduler.planner import candidates, first_in_line, line_order
@@ -91,7 +92,7 @@ def _explain(book: Book, svc: ServiceState, now: float) -> Explanation:
         data = {"opens_in_s": opens}
         if opens is not None:
             message += f" (the next opens in {format_duration(opens)})"
-        return Explanation(name, "window_closed", message, need, data=data)
+        return Explanation(name, ErrorCode.WINDOW_CLOSED.value, message, need, data=data)
     if svc.plan is not None:
         victims = ", ".join(sorted(svc.plan.victims))
         plan = svc.plan

@@ -16,7 +16,8 @@ tickets and resolves each one whose outcome is now known, so the kernel never po
 from __future__ import annotations
 
 from service.domain import InstanceState, Residency
-from service.scheduler import actions as act
+from service.errors import ErrorCode
+from service.scheduler.actions import Answer
 from service.scheduler.book import Book
 from service.scheduler.events import LoadRequested, RestartRequested, UnloadRequested
 from service.scheduler.reasons import unloaded_message
@@ -34,25 +35,25 @@ def answer_operators(book: Book) -> None:
                 book.resolve(svc, ticket, *outcome)
 
 
-def _outcome(book: Book, svc: ServiceState, kind: str) -> tuple[str, str] | None:
+def _outcome(book: Book, svc: ServiceState, kind: str) -> tuple[Answer, str] | None:
     if svc.state is S.FAILED:
-        return "failed", f"{svc.name} failed to load: {svc.error}"
+        return Answer.FAILED, f"{svc.name} failed to load: {svc.error}"
     if kind == "unload":
         if svc.state is S.STOPPED and not svc.sleeper_stopping:
-            return "stopped", ""
+            return Answer.STOPPED, ""
         return None
     if kind != "load":
         return None  # a restart: answered about the new instance, once there is one
     if svc.state is S.READY:
-        return "ready", ""
+        return Answer.READY, ""
     if svc.state is not S.STOPPED or svc.sleeper_stopping:
         return None
     if svc.plan is None and (svc.wait is not None or svc.behind is not None):
-        return "waiting", svc.waiting_text(book.now, book.clock) or ""
+        return Answer.WAITING, svc.waiting_text(book.now, book.clock) or ""
     if not book.wants(svc):
         if svc.error:
-            return "refused", svc.error
-        return "stopped", f"{svc.name} is no longer asked to load"
+            return Answer.REFUSED, svc.error
+        return Answer.STOPPED, f"{svc.name} is no longer asked to load"
     return None
 
 
@@ -80,7 +81,9 @@ def on_load(book: Book, event: LoadRequested) -> None:
     if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in book.allowed_now:
         if event.ticket is not None:
             message = f"{svc.name} runs only in a maintenance window that allows it; none is open"
-            book.resolve(svc, event.ticket, "window_closed", message, book.retry_window(svc.name))
+            book.resolve(
+                svc, event.ticket, Answer.WINDOW_CLOSED, message, book.retry_window(svc.name)
+            )
         return
     if event.ticket is not None:
         svc.tickets[event.ticket] = "load"
@@ -109,6 +112,6 @@ def on_unload(book: Book, event: UnloadRequested) -> None:
     svc.operator_unloaded = svc.rule.residency is Residency.PINNED
     if event.ticket is not None:
         svc.tickets[event.ticket] = "unload"
-    book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, unloaded_message(svc))
+    book.reject_queue(svc, ErrorCode.INSUFFICIENT_CAPACITY, unloaded_message(svc))
     book.stop(svc, "unloaded by an operator")
     book.stop_sleeper(svc, "unloaded by an operator")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from service.domain import InstanceState, Residency
-from service.scheduler import actions as act
+from service.errors import ErrorCode
 from service.scheduler.actions import Start
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
 from service.scheduler.book import Book
@@ -320,7 +320,7 @@ def give_up_retry(book: Book, svc: ServiceState) -> None:
 
 
 def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]) -> None:
-    book.reject_queue(svc, act.INSUFFICIENT_CAPACITY, message)
+    book.reject_queue(svc, ErrorCode.INSUFFICIENT_CAPACITY, message)
     svc.load_intent = None
     svc.error = message
     svc.wait = None

@@ -34,7 +34,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
 }  # fmt: skip
 LAYER_OF = {part: layer for layer, parts in LAYERS.items() for part in parts}
 # The pure scheduler sees values only.
-SCHEDULER_MAY_IMPORT = {"domain", "policy", "units"}
+SCHEDULER_MAY_IMPORT = {"domain", "errors", "policy", "units"}
 TOP_LEVEL_MODULES_MAX = 8
 MODULE_LINES_MAX = 500
 FUNCTION_LINES_MAX = 80

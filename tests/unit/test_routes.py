@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from service.domain import ServiceKind
-from service.errors import InsufficientCapacity, PolicyError, QueueFull
+from service.errors import ErrorCode, InsufficientCapacity, PolicyError, QueueFull
 from service.policy import diff_policies, load_policy
 from service.policy.routes import CLIENT_ROUTES, ROUTES_BY_KIND, check_route_map, route_table
 from service.proxy.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Problem, dialect_for
@@ -227,7 +227,7 @@ def test_one_rejection_in_each_clients_shape_with_the_same_status() -> None:
 
 def test_anthropic_error_types_follow_the_status() -> None:
     types = {
-        status: ANTHROPIC.body(Problem(status, "x", "m"))["error"]["type"]
+        status: ANTHROPIC.body(Problem(ErrorCode.ERROR, "m", http_status=status))["error"]["type"]
         for status in (400, 401, 404, 413, 429, 500, 502, 503, 504)
     }
     assert types == {
