@@ -74,6 +74,58 @@ class InstanceState(enum.StrEnum):
 
 S = InstanceState
 
+
+class EventKind(enum.StrEnum):
+    """The kind of every event the daemon records (docs/api.md, ``GET /api/events``)."""
+
+    # The scheduler's decisions (its Note actions) and refusals.
+    ADMIT = "admit"
+    EVICT = "evict"
+    WAIT = "wait"
+    REFUSE = "refuse"
+    REJECT = "reject"
+    BACKOFF = "backoff"
+    NO_RETRY = "no-retry"
+    EXITED = "exited"
+    DROP_PLAN = "drop-plan"
+    MAKE_ROOM = "make-room"
+    IGNORED = "ignored"
+    TUNING = "tuning"
+    # Instances and their memory.
+    STATE = "state"
+    LOAD = "load"
+    SWAP = "swap"
+    ADOPTED = "adopted"
+    NOT_ADOPTED = "not-adopted"
+    FLAG = "flag"
+    FLAG_CLEARED = "flag-cleared"
+    CAP_STOP = "cap-stop"
+    OOM = "oom"
+    VERDICT = "verdict"
+    SETTLE_TIMEOUT = "settle-timeout"
+    SLEEP = "sleep"
+    SLEEP_SKIPPED = "sleep-skipped"
+    SLEEP_FAILED = "sleep-failed"
+    WAKE = "wake"
+    WAKE_FAILED = "wake-failed"
+    STATE_SAVE = "state-save"
+    STATE_RESTORE = "state-restore"
+    STATE_VERIFIED = "state-verified"
+    STATE_DROPPED = "state-dropped"
+    STATE_INEFFECTIVE = "state-ineffective"
+    # Operators, policy, windows and the daemon itself.
+    OPERATOR = "operator"
+    POLICY = "policy"
+    POLICY_ERROR = "policy-error"
+    WINDOW_OPEN = "window-open"
+    WINDOW_CLOSE = "window-close"
+    WINDOW_ADDED = "window-added"
+    WINDOW_DELETED = "window-deleted"
+    DAEMON = "daemon"
+    WATCHDOG = "watchdog"
+    WATCHDOG_RECOVERED = "watchdog-recovered"
+
+
 # Every legal move of an instance's lifecycle. A crash while starting or ready goes to
 # BACKOFF (a restart is scheduled) or FAILED (retries exhausted); BACKOFF either starts
 # again or is cancelled by an unload. FAILED leaves only when an operator or a request

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.clock import Clock
+from service.domain import EventKind
 from service.health.watchdog import Liveness, Stall, Watchdog
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable
@@ -91,11 +92,11 @@ class Health:
             f"event loop blocked for {stall.duration:.1f}s: no request, load or stop can "
             f"proceed; the loop is at:\n{stall.where}"
         )
-        self._events.persist("watchdog", message)
+        self._events.persist(EventKind.WATCHDOG, message)
 
     def _stall_ended(self, stall: Stall) -> None:
         self._events.record(
-            "watchdog-recovered",
+            EventKind.WATCHDOG_RECOVERED,
             f"event loop ran again after being blocked for {stall.duration:.1f}s",
             data={"blocked_s": stall.duration, "where": stall.where},
         )

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from service.clock import Clock
 from service.devices import DeviceProbe
-from service.domain import INSTANCE_FLAGS, Flag, InstanceState
+from service.domain import INSTANCE_FLAGS, EventKind, Flag, InstanceState
 from service.errors import RequestRejected
 from service.kernel.background import BackgroundTasks
 from service.kernel.sleeping import SleepMode
@@ -169,18 +169,17 @@ class KernelEffects:
             return
         self._accounts.ended(waiter.service, action.code, client=waiter.client)
         self._events.record(
-            "reject",
+            EventKind.REJECT,
             f"request of client {waiter.client} refused ({action.code}): {action.message}",
             service=action.service,
             data={"code": action.code, "retry_after": action.retry_after, "client": waiter.client},
         )
 
     def note(self, action: Note) -> None:
-        if action.kind == "evict":
-            for victim in action.data.get("victims", []):
-                rt = self._runtimes.get(str(victim))
-                if rt is not None:
-                    rt.counters["evictions"] += 1
+        for victim in action.victims:
+            rt = self._runtimes.get(victim)
+            if rt is not None:
+                rt.counters["evictions"] += 1
         self._events.record(action.kind, action.message, service=action.service, data=action.data)
 
     def resolve(self, action: Resolve) -> None:
@@ -229,7 +228,7 @@ class KernelEffects:
             self._sampler.instance_starting(rt)
             rt.counters["loads"] += 1
             self._events.record(
-                "load",
+                EventKind.LOAD,
                 f"starting {rt.name} on {_where(devices)} ({action.reason})",
                 service=rt.name,
                 data={
@@ -362,7 +361,7 @@ class KernelEffects:
                     "exit; admitting with fresh figures anyway"
                 )
             data = {"missing_bytes": {str(d): b for d, b in missing.items()}}
-            self._events.record("settle-timeout", message, service=rt.name, data=data)
+            self._events.record(EventKind.SETTLE_TIMEOUT, message, service=rt.name, data=data)
         self._sampler.instance_released(rt)
         rt.departing = {}
         self._feed(InstanceStopped(rt.name))
@@ -383,7 +382,7 @@ class KernelEffects:
         """Every instance transition: record it, and tell the scheduler what it means."""
         inst = rt.instance
         self._events.record(
-            "state",
+            EventKind.STATE,
             f"{rt.name}: {old} -> {new} ({reason})",
             service=rt.name,
             instance_id=rt.instance_id,

@@ -20,7 +20,7 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
-from service.domain import Flag, InstanceState
+from service.domain import EventKind, Flag, InstanceState
 from service.errors import (
     ErrorCode,
     HandedOver,
@@ -159,7 +159,7 @@ class Orchestrator:
         await self.sampler.sample_once()
         rules, device_rule = rules_from_policy(self.policy)
         self.events.record(
-            "policy",
+            EventKind.POLICY,
             f"policy active: {len(rules)} services, backend {self._health.backend}",
             data={"services": sorted(rules)},
         )
@@ -184,7 +184,7 @@ class Orchestrator:
         for request_id in waiting:
             self.feed(RequestCancelled(request_id))
         self.events.record(
-            "daemon",
+            EventKind.DAEMON,
             f"shutting down: {len(waiting)} waiting request(s) refused; "
             "requests in flight may finish within their service's stop_timeout",
         )
@@ -213,9 +213,9 @@ class Orchestrator:
         self.accounts.usage.store(self._writer)
         left = [rt.name for rt in self.runtimes.values() if rt.instance.detached]
         if left:
-            self.events.record("daemon", f"vramd stopped; left running: {', '.join(left)}")
+            self.events.record(EventKind.DAEMON, f"vramd stopped; left running: {', '.join(left)}")
         else:
-            self.events.record("daemon", "vramd stopped; every runtime was stopped")
+            self.events.record(EventKind.DAEMON, "vramd stopped; every runtime was stopped")
 
     async def _tick_loop(self) -> None:
         while True:
@@ -275,7 +275,7 @@ class Orchestrator:
         if is_new:
             self._install(policy, diff.added, {c.name for c in diff.changed if c.restart})
             self.events.record(
-                "policy",
+                EventKind.POLICY,
                 f"policy version {version} applied from {source}: " + "; ".join(diff.lines()),
                 data={"version": version, "diff": result["diff"]},
             )
@@ -412,14 +412,14 @@ class Orchestrator:
         memory (the answer says for what: the load still happens when it can), or
         refused."""
         rt = self.runtime(name)
-        self.events.record("operator", f"load {name} requested", service=name)
+        self.events.record(EventKind.OPERATOR, f"load {name} requested", service=name)
         self.doctor.clear_flags(rt, {Flag.CRASH_LOOPING}, "an operator's load")
         return await self._ask(rt, lambda ticket: LoadRequested(name, ticket))
 
     async def unload(self, name: str) -> dict[str, Any]:
         """Drain and stop a service (pinned ones stay down until loaded again)."""
         rt = self.runtime(name)
-        self.events.record("operator", f"unload {name} requested", service=name)
+        self.events.record(EventKind.OPERATOR, f"unload {name} requested", service=name)
         return await self._ask(rt, lambda ticket: UnloadRequested(name, ticket))
 
     async def restart(self, name: str) -> dict[str, Any]:
@@ -428,7 +428,7 @@ class Orchestrator:
         rt = self.runtime(name)
         if self.scheduler.service_view(name).state not in ("starting", "ready"):
             return await self.load(name)
-        self.events.record("operator", f"restart {name} requested", service=name)
+        self.events.record(EventKind.OPERATOR, f"restart {name} requested", service=name)
         reason = "requested by an operator"
         return await self._ask(rt, lambda ticket: RestartRequested(name, reason, ticket))
 

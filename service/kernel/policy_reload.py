@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from service.domain import EventKind
 from service.errors import PolicyError
 
 if TYPE_CHECKING:
@@ -16,13 +17,13 @@ async def reload_policy_file(orchestrator: Orchestrator, path: Path) -> None:
     try:
         result = await orchestrator.apply_policy(path.read_text(encoding="utf-8"), source=str(path))
     except (OSError, UnicodeDecodeError) as exc:
-        events.record("policy-error", f"SIGHUP: cannot read {path}: {exc}")
+        events.record(EventKind.POLICY_ERROR, f"SIGHUP: cannot read {path}: {exc}")
     except PolicyError as exc:
         events.record(
-            "policy-error",
+            EventKind.POLICY_ERROR,
             f"SIGHUP: {path} is invalid; nothing changed: {exc}",
             data={"errors": [issue.as_dict() for issue in exc.issues]},
         )
     else:
         if not result["changed"]:
-            events.record("policy", f"SIGHUP: {path} unchanged")
+            events.record(EventKind.POLICY, f"SIGHUP: {path} unchanged")

@@ -32,7 +32,7 @@ import psutil
 from service.adapters import vllm
 from service.clock import Clock
 from service.devices import DeviceProbe
-from service.domain import InstanceState
+from service.domain import EventKind, InstanceState
 from service.live.events import EventLog
 from service.supervisor import wait_settled
 from service.units import format_size
@@ -70,7 +70,7 @@ class SleepMode:
         available = psutil.virtual_memory().available
         if available < weights + HOST_MARGIN:
             self._events.record(
-                "sleep-skipped",
+                EventKind.SLEEP_SKIPPED,
                 f"{rt.name}: host memory too short to hold its weights while asleep "
                 f"({format_size(available)} available, {format_size(weights)} needed); "
                 "stopping it instead",
@@ -80,7 +80,7 @@ class SleepMode:
         started = time.monotonic()
         if not await vllm.sleep(rt.client, level=1):
             self._events.record(
-                "sleep-failed",
+                EventKind.SLEEP_FAILED,
                 f"{rt.name}: the runtime refused to sleep; stopping it instead",
                 service=rt.name,
             )
@@ -91,7 +91,7 @@ class SleepMode:
         if not await self._released(rt, weights):
             return await self._undo_sleep(rt, weights, time.monotonic() - started)
         self._events.record(
-            "sleep",
+            EventKind.SLEEP,
             f"{rt.name} is asleep ({reason}); device memory released after "
             f"{time.monotonic() - started:.1f}s",
             service=rt.name,
@@ -103,7 +103,7 @@ class SleepMode:
         """The runtime said it sleeps but kept its memory: wake it and have it stopped."""
         self._frees_nothing.add(_launch(rt))
         self._events.record(
-            "sleep-failed",
+            EventKind.SLEEP_FAILED,
             f"{rt.name}: the runtime said it was asleep but its memory did not drop below "
             f"{RELEASED_SHARE:.0%} of {format_size(weights)} in {waited_s:.1f}s; stopping "
             "it instead, and stopping rather than sleeping it from now on",
@@ -135,7 +135,7 @@ class SleepMode:
         started = time.monotonic()
         if not await vllm.wake_up(rt.client):
             self._events.record(
-                "wake-failed",
+                EventKind.WAKE_FAILED,
                 f"{rt.name}: the runtime did not wake; loading it afresh",
                 service=rt.name,
             )
@@ -143,7 +143,7 @@ class SleepMode:
         if rt.instance.state is not S.SLEEPING:
             return False
         self._events.record(
-            "wake",
+            EventKind.WAKE,
             f"{rt.name} woken in {time.monotonic() - started:.2f}s ({reason})",
             service=rt.name,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from service.domain import EventKind
 from service.live.events import EventLog
 from service.live.runtimes import ServiceRuntime
 
@@ -77,7 +78,7 @@ class SwapSteps:
             f"{key.removesuffix('_ms')} {value:.1f} ms" for key, value in steps.items()
         )
         self._events.record(
-            "swap",
+            EventKind.SWAP,
             f"{rt.name} {phase}: {text or 'no steps timed'}",
             service=rt.name,
             instance_id=rt.instance_id,

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from service import __version__
 from service.clock import Clock
+from service.domain import EventKind
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable, ServiceRuntime, health_path
 from service.policy import expand_placeholders, process_identity
@@ -164,7 +165,7 @@ async def take_over_previous_daemon(
             )
         )
         events.record(
-            "adopted",
+            EventKind.ADOPTED,
             f"adopted pid {record.pid} of {record.service} (port {record.port}), left running "
             "by a previous vramd: ready with no load",
             service=record.service,
@@ -274,7 +275,7 @@ async def _reap(
     for (record, why), result in zip(refused, results, strict=True):
         reaped = result.outcome is ReapOutcome.REAPED
         events.record(
-            "not-adopted",
+            EventKind.NOT_ADOPTED,
             f"pid {record.pid} of {record.service}, left by a previous vramd, not adopted: "
             f"{why}; " + ("stopped" if reaped else "nothing left to stop"),
             service=record.service if record.service else None,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from service.clock import Clock
-from service.domain import Yielding
+from service.domain import EventKind, Yielding
 from service.live.events import EventLog
 from service.policy import Policy
 from service.replay.tuner import WINDOW_S, Figures, Job, Tuner, auto_services, job_of
@@ -69,13 +69,13 @@ class AutoTuning:
                 figures, cpu_s = await self._replay(job)
             except (OSError, ValueError, KeyError, TypeError, TimeoutError) as exc:
                 self.tuner.fail(self._clock.monotonic(), str(exc) or type(exc).__name__)
-                self._events.record("tuning", f"yielding: auto: {self.tuner.why}")
+                self._events.record(EventKind.TUNING, f"yielding: auto: {self.tuner.why}")
                 return self.view()
             choice = self.tuner.conclude(self._clock.monotonic(), figures, cpu_s)
             if choice.changed:
                 self._pump.feed(TuningChanged(choice.tuning))
                 self._events.record(
-                    "tuning",
+                    EventKind.TUNING,
                     f"yielding: auto now stands for {choice.tuning.label}: {self.tuner.why}",
                     data={
                         "current": choice.tuning.yielding.value,

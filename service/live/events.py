@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from service.clock import Clock
+from service.domain import EventKind
 from service.store import StoreWriter, queries
 
 log = logging.getLogger("vramd.events")
@@ -31,7 +32,7 @@ class EventLog:
 
     def record(
         self,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         service: str | None = None,
@@ -47,7 +48,7 @@ class EventLog:
             queue.put_nowait(event)
         return event
 
-    def persist(self, kind: str, message: str, *, data: dict[str, Any] | None = None) -> int:
+    def persist(self, kind: EventKind, message: str, *, data: dict[str, Any] | None = None) -> int:
         """Only store an event (no log line, no subscribers); safe from any thread.
 
         For the watchdog's thread, which records a stall while the loop is blocked.
@@ -58,7 +59,7 @@ class EventLog:
 
     def _persist(
         self,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         service: str | None = None,

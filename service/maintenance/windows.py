@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from service.clock import Clock
-from service.domain import INSTANCE_FLAGS
+from service.domain import INSTANCE_FLAGS, EventKind
 from service.errors import InvalidRequest, ServiceNotFound
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable
@@ -127,7 +127,7 @@ class Windows:
             window.actions.append({"service": name, "action": "restart", "reason": reason})
             self._feed(RestartRequested(name, reason))
         self._events.record(
-            "window-open",
+            EventKind.WINDOW_OPEN,
             f"maintenance window {spec.name} open ({trigger}) for "
             f"{spec.duration_s:g}s; restarting {', '.join(targets) or 'nothing'}"
             + (f"; allowing {', '.join(spec.allow)}" if spec.allow else ""),
@@ -144,7 +144,7 @@ class Windows:
                 )
             )
         self._events.record(
-            "window-close",
+            EventKind.WINDOW_CLOSE,
             f"maintenance window {window.spec.name} closed",
             data={"window": window.spec.name},
         )
@@ -198,7 +198,7 @@ class Windows:
         self.maintenance.configure(self.specs())
         self.changed()
         self._events.record(
-            "window-added",
+            EventKind.WINDOW_ADDED,
             f"one-off maintenance window {name} at {start_at:.0f} for {duration_s:g}s "
             f"(restart {restart})",
             data={"window": name},
@@ -214,7 +214,7 @@ class Windows:
         self.maintenance.close_window(name)
         self.maintenance.configure(self.specs())
         self.changed()
-        self._events.record("window-deleted", f"maintenance window {name} deleted")
+        self._events.record(EventKind.WINDOW_DELETED, f"maintenance window {name} deleted")
 
     def view(self, name: str | None = None) -> dict[str, Any]:
         out = []

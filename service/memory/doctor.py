@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.adapters import find_oom
 from service.clock import Clock
+from service.domain import EventKind
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.memory.diagnosis import CapWatch, CreepConfig, DeviceFree, OomReport, diagnose_oom
@@ -32,7 +33,17 @@ from service.units import format_size
 
 # The events an incident quotes: what happened in the minutes before it.
 INCIDENT_HISTORY_S = 300.0
-INCIDENT_EVENT_KINDS = ("load", "evict", "state", "reject", "refuse", "admit", "flag")
+INCIDENT_EVENT_KINDS = frozenset(
+    {
+        EventKind.LOAD,
+        EventKind.EVICT,
+        EventKind.STATE,
+        EventKind.REJECT,
+        EventKind.REFUSE,
+        EventKind.ADMIT,
+        EventKind.FLAG,
+    }
+)
 
 
 class Doctor:
@@ -98,7 +109,7 @@ class Doctor:
         new = flag not in rt.flags
         rt.flags.add(flag)
         self._events.record(
-            "flag",
+            EventKind.FLAG,
             f"{rt.name} flagged {flag}: {message}",
             service=rt.name,
             instance_id=rt.instance_id,
@@ -112,7 +123,7 @@ class Doctor:
             return
         rt.flags -= cleared
         self._events.record(
-            "flag-cleared",
+            EventKind.FLAG_CLEARED,
             f"{rt.name}: {', '.join(sorted(cleared))} cleared by {why}",
             service=rt.name,
             data={"flags": sorted(cleared)},
@@ -125,7 +136,9 @@ class Doctor:
             self._feed(RestartRequested(rt.name, f"over its cap {cap} (on_cap: restart)"))
         elif action == "stop":
             self._events.record(
-                "cap-stop", f"{rt.name} stopped: over its cap {cap} (on_cap: stop)", service=rt.name
+                EventKind.CAP_STOP,
+                f"{rt.name} stopped: over its cap {cap} (on_cap: stop)",
+                service=rt.name,
             )
             self._feed(UnloadRequested(rt.name))
 
@@ -149,7 +162,7 @@ class Doctor:
             rt, kind="request", verdict=verdict, summary=diagnosis.reason, oom_text=text
         )
         self._events.record(
-            "oom",
+            EventKind.OOM,
             f"{rt.name} reported out-of-memory ({source}): {diagnosis.kind}: {diagnosis.reason}",
             service=rt.name,
             data={"incident": incident, "verdict": verdict, "text": text},
@@ -195,7 +208,7 @@ class Doctor:
             lambda session: queries.set_incident_verdict(session, id=incident, verdict=verdict)
         )
         self._events.record(
-            "verdict",
+            EventKind.VERDICT,
             f"{rt.name}: out-of-memory load diagnosed as {verdict}: {explanation}",
             service=rt.name,
             data={"incident": incident, "verdict": verdict},

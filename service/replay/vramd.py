@@ -232,9 +232,8 @@ class Vramd(System):
 
     def note(self, action: Note) -> None:
         self.notes[action.kind] = self.notes.get(action.kind, 0) + 1
-        if action.kind == "evict":
-            victims = [str(v) for v in action.data.get("victims", [])]
-            self.rec.evicted(victims, self.clock.now, for_service=action.service)
+        if action.victims:
+            self.rec.evicted(list(action.victims), self.clock.now, for_service=action.service)
 
     def resolve(self, action: Resolve) -> None:
         pass  # no operators in a replay

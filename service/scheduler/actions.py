@@ -5,11 +5,7 @@ Actions are the scheduler's only output. They say what to do and why, never how:
 ``Note`` explains a decision that has no other visible effect (a wait, the figures behind
 an admission) so that ``GET /api/events`` can answer "why did this happen?".
 
-Stopping is always two steps, so the orchestrator handles one shape: ``Stop(drain=True)``
-(no new requests; the instance goes to ``draining``), then ``Stop(drain=False)`` once its
-last request has finished or its ``stop_timeout`` ran out, meaning "terminate now". Both
-may come in the same plan when nothing is in flight. An instance that is still starting
-is only ever sent ``Stop(drain=False)``: it has nothing to drain.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.domain import EventKind
 from service.errors import ErrorCode
 
 
@@ -125,9 +122,11 @@ class Note:
     """
 
     service: str | None
-    kind: str
+    kind: EventKind
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+    # The services an ``evict`` stops (also in ``data``, for the event log).
+    victims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

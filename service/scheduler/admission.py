@@ -1,23 +1,6 @@
 """Admission of one load: place it, plan evictions for it, make it wait, or refuse it.
 
-``decide`` is a pure function of one service's need, a snapshot of its candidate devices
-(``Room``) and the time; the scheduler core applies the answer, and ``explain`` gives
-the same answer without applying it. It follows docs/operations.md, "How vramd decides":
-
-1. If, on every candidate device, the need exceeds what the device could offer once
-   every instance that is not pinned were gone (its budget less the pinned charges),
-   the load can never fit: ``Refuse``, naming what holds the memory. Nothing else is
-   refused.
-2. If it fits somewhere as things stand: ``Place`` it on the device with the least room
-   left after placing it (best fit; lowest index on a tie), so a large load later still
-   finds a device whole.
-3. Else, per device: first count memory already on its way back (instances draining or
-   stopping that no other load has claimed), then pick victims among the instances it
-   may evict now (``yielding``) for the rest, the least costly set (``eviction``). The
-   device whose victim set is best (the set's cost, then most room left) wins: ``Evict``.
-4. If no device can cover the deficit now, ``Wait``, naming each holder, why it holds
-   on and the latest moment it yields (``Holder``). The core runs admission again after
-   every event, and at that moment.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """The scheduler's books: every service's record, the open requests, the ledger.
 
-``Book`` is the one owner of decision state, and its methods are the only moves on it
-(grant, stop, release, reject...). Each move appends the action that makes it real to
-``out``, so state and plan cannot drift apart: nothing marks an instance draining
-without also telling the orchestrator to drain it. ``Scheduler.handle`` sets ``now`` and
-a fresh ``out`` for each event; the event handlers (``core``) and the scheduling pass
-(``planner``) both work through this class.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from service.domain import InstanceState, Residency
+from service.domain import EventKind, InstanceState, Residency
 from service.errors import ErrorCode
 from service.scheduler.actions import (
     Action,
@@ -359,11 +354,23 @@ class Book:
             if other is not None and other.claimed_by == svc.name:
                 other.claimed_by = None
 
-    def note(self, svc: str | None, kind: str, message: str, **data: object) -> None:
-        self.out.append(Note(svc, kind, message, dict(data)))
+    def note(
+        self,
+        svc: str | None,
+        kind: EventKind,
+        message: str,
+        *,
+        victims: Sequence[str] | None = None,
+        **data: object,
+    ) -> None:
+        if victims is None:
+            self.out.append(Note(svc, kind, message, dict(data)))
+            return
+        data["victims"] = list(victims)
+        self.out.append(Note(svc, kind, message, dict(data), victims=tuple(victims)))
 
     def note_once(
-        self, svc: ServiceState, kind: str, message: str, data: Mapping[str, object]
+        self, svc: ServiceState, kind: EventKind, message: str, data: Mapping[str, object]
     ) -> None:
         """A note for a decision that may be re-taken on every event: said once."""
         key = f"{kind}:{message}"

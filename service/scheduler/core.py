@@ -2,59 +2,14 @@
 
 What it decides, in the operator's words: docs/operations.md, "How vramd decides".
 
-``Scheduler.handle(event, now)`` records what the event says (a request queued, an
-instance ready, a sample taken...), then runs one scheduling pass (``planner``), and
-returns the actions of both, in order. The pass is the whole algorithm:
-
-1. Drains: an instance draining with nothing in flight is told to terminate.
-2. Dropped loads: a load waiting on evictions whose last waiter went away is dropped
-   (its victims keep stopping: a stop is never undone, nor is a ``Start``).
-3. Restarts (a window's, ``on_cap: restart``, a changed command, an operator's): the
-   instance drains at once, keeps its memory claimed for its own return, and starts
-   again as soon as it has stopped (``planner.restart``).
-   Retries: a crashed or failed start whose backoff is over starts again (after an
-   out-of-memory load, once the instances evicted for it are gone).
-4. Grants: each ready instance takes queued requests up to ``max_concurrency``, in
-   arrival order; draining instances never get grants.
-5. Loads: every stopped service that something waits for (requests, pinning, preload,
-   an operator, a restart) is admitted in line order: pinned first, then by the cost of
-   its wait (priority x waiting requests, each weighing more as it ages toward its
-   timeout), then its oldest request (``planner.line_order``). Admission
-   (``admission``) places it on the device it fits best, or plans evictions (only
-   instances it may evict now: ``yielding``, where ``protect`` is a cost that gives way
-   before a waiter's deadline; the least costly set: ``eviction``) and claims the
-   victims, or makes it wait naming each holder and the latest moment it yields, or --
-   only when it can never fit -- refuses it at once. A load whose victims are still
-   stopping is skipped: it has its plan, and picking a second victim set for the same
-   need would evict twice. A load later in line that would never give memory back to
-   the waiting ones (``protect: never``) waits behind them (``planner.may_backfill``).
-   While loads wait, admission runs again at the first moment a holder may yield.
-
-While a load waits for its victims it *holds* ``need - victims' charges`` on the device
-(``Book.hold``), so the memory it waits for cannot be taken by a later, lower load. Every
-resident or starting instance is charged ``max(measured, expected peak)`` from the moment
-its ``Start`` is issued (``ledger``), so two loads never race for the same bytes.
-Timeouts (queue, idle TTL, drain deadlines) and lapsed protections are acted on at the
-next ``Tick``. A service holds at most ``max_concurrency + queue.max`` requests, in
-flight and queued together, at all times (loading and restarting included).
-
-After the pass, two more decisions (every decision is made here):
-
-- Sleep mode: a sleepable stop that the runtime carried out as a sleep
-  (``InstanceAsleep``) leaves the service stopped to admission; its next ``Start`` on
-  the same device wakes it. A sleeper is stopped for good (``StopSleeper``) after its
-  ``idle_ttl`` asleep, when any load waits for memory, on an unload and on removal.
-- Operators: a load, unload or restart that carries a ticket is answered (``Resolve``)
-  as soon as the state decides its outcome (``operators``).
-
-Everything is iterated in sorted order, so the same events give the same actions.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from service.domain import InstanceState, Residency
+from service.domain import EventKind, InstanceState, Residency
 from service.errors import ErrorCode
 from service.scheduler.actions import Action, Note, Reject
 from service.scheduler.admission import ClockText
@@ -224,7 +179,7 @@ class Scheduler:
     def _on_arrived(self, event: RequestArrived) -> None:
         book, rid, name = self._book, event.request_id, event.service
         if rid in book.requests:
-            book.note(name, "ignored", f"request {rid} is already known", request=rid)
+            book.note(name, EventKind.IGNORED, f"request {rid} is already known", request=rid)
             return
         svc = book.services.get(name)
         if svc is None or svc.removed:
@@ -310,7 +265,7 @@ class Scheduler:
         if event.retry_at is not None and not wanted_back(svc, book.now):
             give_up_retry(book, svc)
             return
-        book.note(svc.name, "backoff", backoff_text(svc, book.now, book.clock))
+        book.note(svc.name, EventKind.BACKOFF, backoff_text(svc, book.now, book.clock))
 
     def _on_failed(self, event: InstanceFailed) -> None:
         book = self._book
@@ -340,7 +295,7 @@ class Scheduler:
             svc.sleeper_stopping = False
             return
         if svc.state in (S.STARTING, S.READY):
-            book.note(svc.name, "exited", f"{svc.name} stopped without being asked to")
+            book.note(svc.name, EventKind.EXITED, f"{svc.name} stopped without being asked to")
         book.release(svc)
         svc.state = S.STOPPED
         svc.restart_pending = False
@@ -458,12 +413,14 @@ class Scheduler:
         ]
         svc.retry_after_room = True
         if not victims:
-            book.note(svc.name, "make-room", f"{event.reason}: nothing {svc.name} may evict")
+            book.note(
+                svc.name, EventKind.MAKE_ROOM, f"{event.reason}: nothing {svc.name} may evict"
+            )
             return
         names = [v.name for v in victims]
         book.note(
             svc.name,
-            "evict",
+            EventKind.EVICT,
             f"{event.reason}: evicting everything {svc.name} may evict on device "
             f"{', '.join(map(str, svc.devices))} before its retry: {', '.join(names)}",
             device=svc.device,
@@ -492,7 +449,7 @@ class Scheduler:
     def _stop_sleepers_for_waits(self) -> None:
         """A load waits for memory: sleepers' leftovers are the cheapest to take."""
         book = self._book
-        waiting = [a.service for a in book.out if isinstance(a, Note) and a.kind == "wait"]
+        waiting = [a.service for a in book.out if isinstance(a, Note) and a.kind is EventKind.WAIT]
         for name in waiting:
             for svc in book.ordered():
                 if svc.asleep and svc.name != name:

@@ -4,19 +4,7 @@
 whether it is busy, what its traffic has shown); ``outranks`` is the residency table's
 first clause (``yielding`` decides the rest: when a protected holder yields).
 
-``choose_victims`` picks, among the instances that may be evicted now, the set that
-covers the deficit at the least cost. Only minimal sets count (none of their members
-could be spared), and among them: idle instances before busy ones, lower priorities
-before higher (two idle 200s before one 300), the least likely to be asked again soon
-before the likelier, cheaper reloads (learned load seconds per byte freed) before
-dearer, fewer before more, and least recently used before recently used; names break
-the last tie so the same state always gives the same plan. Reload costs within
-``RELOAD_COST_TOLERANCE`` of each other compare as equal (``cost_classes``), and the
-chance of being asked again counts in coarse classes (``LIKELY_CLASSES``), so
-measurement noise never reorders two alike services: recency decides between them. An
-unknown load time counts as 0 s for that order: every resident instance has been
-loaded, so the orchestrator normally knows it, and guessing a default would rank
-services by an invented figure.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Fair queues: which waiting request of a service goes next, and who may still join.
 
-Priority orders services; within one service's queue, fairness orders clients
-(docs/policy.md, "Fair queues"). Waiting requests are taken from clients in turn by
-deficit round robin, one request per unit of credit: the client whose turn it is earns
-its ``share`` when its turn comes and spends one per request taken, so a client of share
-2 is served twice as often as one of share 1 while both wait, and a client that sends one
-request now and then waits behind at most one turn of each other client, however many
-requests they have queued. ``fairness: fifo`` takes them in arrival order instead.
-
-Who may join: a client's own ``max_concurrency`` bounds what it holds at one service (in
-flight and waiting); the service's bound (``max_concurrency + queue.max``) holds for all
-together. A full service still admits a client under its share of that bound, by
-refusing the newest waiting request of the client furthest over its share.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

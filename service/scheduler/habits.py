@@ -1,24 +1,6 @@
 """What a service's traffic has shown: how long it stays idle, how long a request takes.
 
-``protect`` is a cost, not a lock (docs/policy.md, "protect"): whether an idle instance
-should keep its memory against a waiting lower priority depends on how likely it is to
-be asked again soon. ``Habits`` learns that from the service's own traffic, as the hybrid
-keep-alive policy of "Serverless in the Wild" (Shahrad et al., USENIX ATC 2020) does:
-
-- **Idle gaps**: each time a request arrives for a service with nothing in flight or
-  queued, the time since its last request finished goes into a histogram with
-  log-spaced bins (1 s to 2 h). Old gaps fade (``DECAY`` per gap), so a service whose
-  pattern changes is judged by its recent behaviour.
-- ``p_asked_within(idle_for, horizon)``: the chance that the next request comes within
-  ``horizon`` seconds, given it has been idle ``idle_for`` already -- the histogram's
-  conditional mass, smoothed with a weak prior (``PRIOR_WEIGHT`` pseudo-gaps spread
-  log-uniformly up to ``PRIOR_SPAN_S``), so one idle past every gap it ever showed gets
-  a small figure. Until ``MIN_EVIDENCE`` gaps are known the answer is 1: with nothing
-  learned, the owner's ``protect`` is taken at its word.
-- **Rate and service time**: moving averages of the gap between arrivals and of how long
-  a granted request took to finish (``SLO`` arithmetic and reload costs use them).
-
-Pure arithmetic on numbers it is given: no clock, no I/O.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

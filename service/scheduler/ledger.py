@@ -1,26 +1,6 @@
 """Budget arithmetic: how many bytes each device can still hand out (docs/operations.md).
 
-    budget(D)    = min(device.budget or total, total - foreign) - headroom
-    charge(I)    = max(measured(I), expected peak(I))      for every resident instance I
-    available(D) = min(budget(D) - sum of charges on D,
-                       free(D) + released(D) - sum of max(0, charge - measured) on D)
-                   - bytes held for loads waiting on evictions
-
-The first term is the policy's view: what we promised minus what we hand out. The second
-is the device's own view: what is really free now, minus what our instances are still
-expected to grow into. A just-started instance has measured nothing yet but is charged
-its whole peak in both terms, so two loads can never race for the same bytes, and
-foreign growth shrinks ``available`` at the next sample even before ``foreign`` catches up.
-
-``released`` covers the gap between an ``InstanceStopped`` (sent after the orchestrator's
-settle barrier) and the next probe sample: the stopped instance's last measured bytes are
-free for real, but the last sample still counts them as used. Without it a load waiting
-for a victim would see its charge gone but the free figure unchanged, and evict again.
-
-``recently_stopped`` is what our instances held when they stopped in the last
-``RECENT_STOP_S``: a driver may give a dead process's memory back after delisting it, so
-for a moment it reads as foreign. It never counts as room (a load waits for the next
-sample), but it keeps a load from being refused as "can never fit" on such a reading.
+The formula: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

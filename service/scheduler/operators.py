@@ -1,21 +1,11 @@
 """Operators' load, unload and restart: what each does, and when it has its outcome.
 
-An operator's ``vramd load``/``unload``/``restart`` carries a ticket (the event's
-``ticket`` field). After every event the scheduler looks at the services with open
-tickets and resolves each one whose outcome is now known, so the kernel never polls:
-
-- a load: ``ready`` once the instance is; ``waiting`` when it waits for memory others
-  hold (the load still happens when it can, and the answer says what it waits for);
-  ``refused`` when it can never fit; ``failed`` when the supervisor gave up; ``stopped``
-  when nothing will load it any more (an unload or a window closing overtook it);
-- a restart: like a load, once the old instance is gone (``core`` turns its ticket into
-  a load ticket then), so the answer is about the new instance;
-- an unload: ``stopped`` once the process is gone (a sleeper's too).
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations
 
-from service.domain import InstanceState, Residency
+from service.domain import EventKind, InstanceState, Residency
 from service.errors import ErrorCode
 from service.scheduler.actions import Answer
 from service.scheduler.book import Book
@@ -76,7 +66,7 @@ def on_load(book: Book, event: LoadRequested) -> None:
     """An operator's load (or a restart of what is not loaded): wanted until unloaded."""
     svc = book.services.get(event.service)
     if svc is None or svc.removed:
-        book.note(event.service, "ignored", f"no service named {event.service!r}")
+        book.note(event.service, EventKind.IGNORED, f"no service named {event.service!r}")
         return
     if svc.rule.residency is Residency.WINDOW_ONLY and svc.name not in book.allowed_now:
         if event.ticket is not None:
@@ -100,7 +90,7 @@ def on_unload(book: Book, event: UnloadRequested) -> None:
     """An operator's unload: queued requests refused, the instance and a sleeper stopped."""
     svc = book.services.get(event.service)
     if svc is None or svc.removed:
-        book.note(event.service, "ignored", f"no service named {event.service!r}")
+        book.note(event.service, EventKind.IGNORED, f"no service named {event.service!r}")
         return
     svc.load_intent = None
     svc.restart_pending = False

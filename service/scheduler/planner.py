@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from service.domain import InstanceState, Residency
+from service.domain import EventKind, InstanceState, Residency
 from service.errors import ErrorCode
 from service.scheduler.actions import Start
 from service.scheduler.admission import Evict, Place, Refuse, Wait, decide
@@ -39,7 +39,9 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
         if svc.plan is not None and not book.wants(svc):
             # Step 6 of admission: the last waiter left before the load started.
             book.drop_plan(svc)
-            book.note(svc.name, "drop-plan", f"nothing waits for {svc.name}; its load is dropped")
+            book.note(
+                svc.name, EventKind.DROP_PLAN, f"nothing waits for {svc.name}; its load is dropped"
+            )
     for svc in book.ordered():
         if svc.restart_pending and svc.state is S.READY:
             restart(book, svc)
@@ -99,7 +101,7 @@ def admit(book: Book, svc: ServiceState) -> None:
     rule, need = svc.rule, svc.expected_peak
     sampled = book.ledger.devices()
     if not sampled:
-        book.note_once(svc, "wait", f"{svc.name} waits for the first memory sample", {})
+        book.note_once(svc, EventKind.WAIT, f"{svc.name} waits for the first memory sample", {})
         return
     devices = candidates(book, rule)
     if not devices:
@@ -154,7 +156,7 @@ def first_in_line(book: Book, svc: ServiceState, heads: list[ServiceState]) -> s
 def _wait_behind(book: Book, svc: ServiceState, head: str) -> None:
     svc.wait, svc.behind = None, head
     message = f"{svc.name} waits behind {head}, first in line for the same memory"
-    book.note_once(svc, "wait", message, {"behind": head})
+    book.note_once(svc, EventKind.WAIT, message, {"behind": head})
 
 
 def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
@@ -163,12 +165,14 @@ def _wait(book: Book, svc: ServiceState, wait: Wait) -> None:
     if svc.last_note == key:
         return  # said already: spare the words, a waiting load is re-admitted often
     svc.last_note = key
-    data = {
-        "need": wait.need,
-        "available": wait.available,
-        "holders": [h.as_dict(book.now, book.clock) for h in wait.holders],
-    }
-    book.note(svc.name, "wait", wait.message(svc.name, book.now, book.clock), **data)
+    book.note(
+        svc.name,
+        EventKind.WAIT,
+        wait.message(svc.name, book.now, book.clock),
+        need=wait.need,
+        available=wait.available,
+        holders=[h.as_dict(book.now, book.clock) for h in wait.holders],
+    )
 
 
 def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
@@ -176,7 +180,7 @@ def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
     budget = book.ledger.budget(place.device)
     book.note(
         svc.name,
-        "admit",
+        EventKind.ADMIT,
         f"{svc.name} fits on {place.where()}: {place.figures(need)}"
         + (f" of a {format_size(budget)} budget" if len(devices) == 1 else ""),
         device=place.device,
@@ -225,7 +229,7 @@ def _evict(book: Book, svc: ServiceState, decision: Evict, need: int) -> None:
     ]
     book.note(
         svc.name,
-        "evict" if decision.victims else "wait",
+        EventKind.EVICT if decision.victims else EventKind.WAIT,
         f"{svc.name} (priority {svc.rule.priority}) {_needs_on(decision, need)}: "
         + "; ".join(parts),
         device=decision.device,
@@ -315,7 +319,7 @@ def give_up_retry(book: Book, svc: ServiceState) -> None:
     svc.retry_at = None
     svc.retry_after_room = False
     message = f"{svc.name} is not started again: nothing asks for it and its idle_ttl ran out"
-    book.note(svc.name, "no-retry", message)
+    book.note(svc.name, EventKind.NO_RETRY, message)
     book.stop(svc, "nothing wants it back after it ended")
 
 
@@ -324,4 +328,4 @@ def _refuse(book: Book, svc: ServiceState, message: str, data: dict[str, object]
     svc.load_intent = None
     svc.error = message
     svc.wait = None
-    book.note_once(svc, "refuse", message, data)
+    book.note_once(svc, EventKind.REFUSE, message, data)

@@ -6,11 +6,7 @@ requests, the simulator's move a virtual device on a virtual clock. So every dec
 the bench measures is one the daemon would take (docs/architecture.md, "The kernel's
 shape").
 
-The pump also records the traffic it carries (``traffic``) for ``yielding: auto``.
-
-``feed`` is re-entrant: an event raised while a plan is being carried out (an effect
-that reports back at once, say) is queued and handled after the current one, so the
-scheduler always sees a consistent order.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

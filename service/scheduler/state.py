@@ -6,7 +6,7 @@ port, backoff timer) and tells the scheduler what happened through events. The r
 supervisor will retry stays ``starting`` here (``error`` says why), because for admission
 it is exactly that: a load in progress holding its reservation.
 
-``ServiceView`` is the read-only copy handed to the API.
+How it decides: docs/architecture.md, "How the scheduler decides".
 """
 
 from __future__ import annotations

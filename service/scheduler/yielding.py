@@ -1,50 +1,5 @@
 """Who may evict whom now, and when a holder yields (docs/policy.md, "Priority,
-residency and protect"; docs/architecture.md, admission).
-
-The residency table decides *whether* an instance may be evicted for a load:
-
-    pinned       never
-    warm         by a strictly higher priority; by an equal or lower one once it is
-                 idle and its protection has yielded
-    on-demand    by an equal or higher priority; by a lower one the same way
-    window-only  by anything (it is batch work)
-
-A load the table's first clause does not allow is *outranked*. For it the instance
-yields only when idle (an instance with requests in flight or queued is never evicted
-for a lower priority), never with ``protect: never``, and otherwise when its protection
-yields to what waits: ``protect`` is a cost, not a lock. An idle protected instance
-yields at the earliest of
-
-- its protection lapsing (``protect`` after its last request finished);
-- the *deadline* of the waiting load (``Asker.deadline``): the arrival of its first
-  request that can still be served in time, plus ``queue.timeout``, less the load's
-  expected load time and a margin (``YIELD_MARGIN_S`` and ``YIELD_MARGIN_SHARE`` of the
-  load time). No request times out while idle memory could have served it, and none is
-  waited for once it would time out during the load whatever happens;
-- the moment keeping it costs more than the requests it blocks: the waiting requests
-  that could still meet their SLO, times their priority, outweigh the holder's
-  ``yielding`` weight (``YIELD_WEIGHT``: eager 0, balanced 1, reluctant 4, at-deadline
-  never) x its expected reload cost (its priority x the chance it is asked again before
-  its protection lapses, learned from its own idle gaps (``habits``), x the requests
-  that would wait for its reload). A holder unlikely to be asked again yields to one
-  fresh request; one asked every few seconds holds until the deadline.
-
-No thrash: an instance loaded for waiting requests (its *batch*: those, and up to its
-queue bound of requests that join while it works through them) keeps its memory until
-the batch is served -- against an equal priority with no deadline (two equals take
-turns by batches; a turn cut at the other's deadline costs both a reload and serves
-fewer in time, docs/benchmarks.md), against a strictly higher one until the higher
-one's first request that can still meet its SLO would otherwise miss it (five service
-times, one load allowed: its load must begin within four service times of its arrival,
-less the batch's drain and stop).
-
-``Tuning`` is what ``yielding: auto`` currently stands for (``service.replay.tuner``
-chooses it); ``conduct`` resolves a service's setting and the tuning into what its
-instance does (``Conduct``).
-
-``holder_yield`` says why an instance holds its memory against a load now (None: it
-does not) and the latest moment it yields, so the same rule decides, explains a wait
-and names when each holder yields.
+residency and protect"; docs/architecture.md, "How the scheduler decides").
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from service.clock import Clock
-from service.domain import Flag
+from service.domain import EventKind, Flag
 from service.live.events import EventLog
 from service.live.runtimes import RuntimeTable, ServiceRuntime, uses_state_dir
 from service.swapstate.files import Identity, Manifest, SavedSlot, StateDir, over_budget
@@ -300,7 +300,7 @@ class StateKeeper:
         if took:
             service.figures.tokens_not_reprocessed += cached
             self._events.record(
-                "state-verified",
+                EventKind.STATE_VERIFIED,
                 f"{name}: the first request after the restore re-used {cached} cached tokens",
                 service=name,
                 data={"cache_n": cached},
@@ -318,7 +318,7 @@ class StateKeeper:
         manifest: Manifest,
         why: str,
         *,
-        kind: str | None = "state-dropped",
+        kind: EventKind | None = EventKind.STATE_DROPPED,
     ) -> None:
         files = [s.file for s in manifest.slots]
         manifest.slots = []
@@ -327,7 +327,10 @@ class StateKeeper:
         self._show_saved(service, manifest)
         message = f"{rt.name}: saved state {why}; {len(files)} file(s) dropped"
         self._events.record(
-            kind or "state-ineffective", message, service=rt.name, data={"why": why, "files": files}
+            kind or EventKind.STATE_INEFFECTIVE,
+            message,
+            service=rt.name,
+            data={"why": why, "files": files},
         )
 
     def _service(self, name: str) -> _Service:
@@ -361,7 +364,7 @@ class StateKeeper:
         if failures:
             text += f"; {len(failures)} failed: {failures[0]}"
         self._events.record(
-            "state-save",
+            EventKind.STATE_SAVE,
             text,
             service=rt.name,
             data={
@@ -392,7 +395,7 @@ class StateKeeper:
         if failures:
             text += f"; {len(failures)} failed: {failures[0]}"
         self._events.record(
-            "state-restore",
+            EventKind.STATE_RESTORE,
             text,
             service=rt.name,
             data={

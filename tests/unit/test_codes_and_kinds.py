@@ -1,9 +1,10 @@
-"""ErrorCode: each code spelled once in service/, with the status docs/api.md gives it."""
+"""ErrorCode and EventKind: each spelled once in service/, and each as docs/api.md gives it."""
 
 import ast
 import re
 from pathlib import Path
 
+from service.domain import EventKind
 from service.errors import ErrorCode, QueueFull, RequestRejected, RuntimeFailed, WindowClosed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +52,11 @@ def test_the_frameworks_statuses_map_to_codes_and_any_other_to_error() -> None:
     assert ErrorCode.of_status(404) is ErrorCode.NOT_FOUND
     assert ErrorCode.of_status(422) is ErrorCode.INVALID_REQUEST
     assert ErrorCode.of_status(418) is ErrorCode.ERROR
+
+
+def test_every_event_kind_is_documented_and_every_documented_kind_exists() -> None:
+    text = (ROOT / "docs" / "api.md").read_text()
+    listing = text[text.index("\nKinds: ") : text.index("### `GET /api/usage`")]
+    # The kinds are the code spans that open the list or follow a comma or "and".
+    named = set(re.findall(r"(?:Kinds: |,\s+|and\s+)`([a-z-]+)`", listing))
+    assert named == {kind.value for kind in EventKind}
