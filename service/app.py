@@ -1,18 +1,4 @@
-"""The application factory: the only place that wires concrete classes together.
-
-``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
-lifespan loads the policy, opens (and migrates) the database, records the policy as a
-version, starts the store writer (the one thread that writes the daemon's records),
-creates the device probe and the kernel, and on shutdown stops every runtime, then
-commits what the writer still holds, before closing the database. Tests pass fakes for
-the injectable parts.
-
-``build_orchestrator`` assembles the kernel (docs/architecture.md): the scheduler and its
-pump, the runtime table, and the helpers on their narrow ports -- the sampler, the
-doctor, the windows and sleep mode get ``feed``, a read-only scheduler view and the
-runtime table, never the orchestrator -- then the effects that carry actions out, and
-the orchestrator that owns them all.
-"""
+"""The application factory: the only place that wires concrete classes together."""
 
 from __future__ import annotations
 
@@ -264,6 +250,20 @@ def create_app(
     clock: Clock | None = None,
     launcher: ProcessLauncher | None = None,
 ) -> FastAPI:
+    """``create_app(settings, probe=..., clock=..., launcher=...)`` returns a FastAPI app whose
+    lifespan loads the policy, opens (and migrates) the database, records the policy as a
+    version, starts the store writer (the one thread that writes the daemon's records),
+    creates the device probe and the kernel, and on shutdown stops every runtime, then
+    commits what the writer still holds, before closing the database. Tests pass fakes for
+    the injectable parts.
+
+    ``build_orchestrator`` assembles the kernel (docs/architecture.md): the scheduler and its
+    pump, the runtime table, and the helpers on their narrow ports -- the sampler, the
+    doctor, the windows and sleep mode get ``feed``, a read-only scheduler view and the
+    runtime table, never the orchestrator -- then the effects that carry actions out, and
+    the orchestrator that owns them all.
+    """
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:

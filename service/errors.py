@@ -1,27 +1,4 @@
-"""The exception tree of vramd.
-
-    VramdError
-    ├── PolicyError            a policy file failed validation (carries every issue)
-    ├── StoreError             the SQLite database cannot be opened or migrated
-    ├── IllegalTransition      an instance state change not in domain.TRANSITIONS
-    ├── ProbeError             a device probe cannot be created or read
-    └── RequestRejected        a request vramd answers with an OpenAI-shaped error
-        ├── ModelNotFound          404 model_not_found
-        ├── ServiceNotFound        404 service_not_found (admin API)
-        ├── InvalidRequest         400 invalid_request
-        ├── Unauthorized           401 unauthorized
-        ├── ModelNotAllowed        403 model_not_allowed (the key's client may not use it)
-        ├── InsufficientScope      403 insufficient_scope (admin key without the scope)
-        ├── QueueFull              429 queue_full
-        ├── InsufficientCapacity   503 insufficient_capacity
-        ├── QueueTimeout           503 queue_timeout
-        ├── WindowClosed           503 window_closed
-        ├── RuntimeFailed          502 runtime_failed
-        └── RuntimeTimeout         504 runtime_timeout
-
-``RequestRejected`` subclasses carry an ``ErrorCode`` (docs/api.md, "Errors"), which
-gives the HTTP status and type, so one handler turns any of them into a response.
-"""
+"""The exception tree of vramd."""
 
 from __future__ import annotations
 

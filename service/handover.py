@@ -1,24 +1,4 @@
-"""Restart without a gap: a new daemon takes over from the one serving the same database.
-
-``vramd serve --replace`` (and SIGUSR2, which ``systemctl reload vramd`` sends) hands the
-daemon over (docs/operations.md, "Restarts and upgrades"):
-
-1. The new daemon connects to the old one's control socket (abstract, named after the
-   database; only the same user or root may use it) and asks.
-2. The old one waits until no runtime is starting or stopping, releases the database
-   lock and sends its listening sockets (``SCM_RIGHTS``). Both now hold them: the
-   kernel's accept queue never closes, so no connection is refused.
-3. The new daemon adopts the runtimes (``kernel/takeover.py``), serves on the sockets,
-   and says ``serving``.
-4. The old one stops accepting, forwards every request it has not yet sent to a runtime
-   (queued, or arriving on a kept-alive connection) to the new one, lets the ones at a
-   runtime finish, and exits leaving its runtimes running. It tells the new one how many
-   of its requests each runtime still serves, as that changes: the new daemon holds as
-   many of the service's slots, so it neither overfills a runtime nor stops one that
-   still answers the old daemon.
-
-If the new daemon fails before it serves, the old one takes its lock back and goes on.
-"""
+"""Restart without a gap: a new daemon takes over from the one serving the same database."""
 
 from __future__ import annotations
 
@@ -156,7 +136,27 @@ class HandoverRefused(Exception):
 
 def ask_to_hand_over(database: Path) -> Predecessor | None:
     """Take over the daemon serving ``database``; None if none runs. Blocking: it runs
-    before the new daemon's loop. Raises ``HandoverRefused`` with the old one's reason."""
+    before the new daemon's loop. Raises ``HandoverRefused`` with the old one's reason.
+
+    ``vramd serve --replace`` (and SIGUSR2, which ``systemctl reload vramd`` sends) hands the
+    daemon over (docs/operations.md, "Restarts and upgrades"):
+
+    1. The new daemon connects to the old one's control socket (abstract, named after the
+       database; only the same user or root may use it) and asks.
+    2. The old one waits until no runtime is starting or stopping, releases the database
+       lock and sends its listening sockets (``SCM_RIGHTS``). Both now hold them: the
+       kernel's accept queue never closes, so no connection is refused.
+    3. The new daemon adopts the runtimes (``kernel/takeover.py``), serves on the sockets,
+       and says ``serving``.
+    4. The old one stops accepting, forwards every request it has not yet sent to a runtime
+       (queued, or arriving on a kept-alive connection) to the new one, lets the ones at a
+       runtime finish, and exits leaving its runtimes running. It tells the new one how many
+       of its requests each runtime still serves, as that changes: the new daemon holds as
+       many of the service's slots, so it neither overfills a runtime nor stops one that
+       still answers the old daemon.
+
+    If the new daemon fails before it serves, the old one takes its lock back and goes on.
+    """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(control_address(database))

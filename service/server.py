@@ -5,12 +5,6 @@ uvicorn's graceful shutdown first waits (up to its timeout) for open connections
 only then runs the app's lifespan shutdown. A request queued behind a load would hold
 that wait for its whole length; so the orchestrator hears of the signal at once
 (``begin_shutdown``: refuse what waits, let what runs finish), then uvicorn goes on.
-
-A companion listener (``server.ollama``) is a second uvicorn server on the same event
-loop, serving an app that shares the daemon's state. It starts once the daemon is up
-(its requests need the orchestrator), leaves signals to the daemon's server, and is shut
-down before the daemon is: its requests finish while there is still a daemon to serve
-them.
 """
 
 from __future__ import annotations
@@ -56,7 +50,14 @@ class CompanionServer(uvicorn.Server):
 
 class DaemonServer(uvicorn.Server):
     """``listener``: the daemon's listening socket (bound, or handed over by the daemon
-    it replaces, ``predecessor``); ``database`` names its control socket."""
+    it replaces, ``predecessor``); ``database`` names its control socket.
+
+    A companion listener (``server.ollama``) is a second uvicorn server on the same event
+    loop, serving an app that shares the daemon's state. It starts once the daemon is up
+    (its requests need the orchestrator), leaves signals to the daemon's server, and is shut
+    down before the daemon is: its requests finish while there is still a daemon to serve
+    them.
+    """
 
     def __init__(
         self,

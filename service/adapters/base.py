@@ -5,24 +5,6 @@ ready, where it publishes metrics and what they are called, which log lines mean
 out of memory, and which exit codes after SIGTERM mean it shut down cleanly. Nothing here
 does I/O: the supervisor and the orchestrator fetch health, metrics and logs, and ask the
 adapter what they mean. (The one exception, vLLM's sleep endpoints, lives in ``vllm.py``.)
-
-Runtimes disagree on all four points, which is why they are per-runtime at all:
-
-- readiness: llama-server answers ``/health`` with 503 while it loads the model,
-  llama-cpp-python has no health route (it listens only once the model is loaded, so any
-  answer from ``/v1/models`` means ready), vLLM and TEI bind their port only when ready.
-  A runtime that prints a line once it can serve (llama-server's "model loaded") names
-  it as ``ready_line``: the supervisor polls health the moment it sees that line, rather
-  than at its next poll, and still lets the health answer decide;
-- metrics: llama.cpp says ``llamacpp:requests_processing``, vLLM says
-  ``vllm:num_requests_running``, and each renamed its KV-cache gauge across releases;
-- out of memory: ggml prints ``cudaMalloc failed: out of memory`` and carries on to a
-  generic "failed to load model", PyTorch raises ``torch.OutOfMemoryError``, vLLM refuses
-  to start with "No available memory for the cache blocks";
-- shutdown: C++ servers exit 0 from their signal handler or die of the signal itself
-  (-15 as Python reports it, 143 through a shell), Python servers may re-raise.
-
-Metrics pages are read with the parser in ``prometheus.py``.
 """
 
 from __future__ import annotations
@@ -65,7 +47,26 @@ class NativeRoute:
 
 
 class Adapter(Protocol):
-    """One runtime's behaviour, as the supervisor and the orchestrator need it."""
+    """One runtime's behaviour, as the supervisor and the orchestrator need it.
+
+    Runtimes disagree on all four points, which is why they are per-runtime at all:
+
+    - readiness: llama-server answers ``/health`` with 503 while it loads the model,
+      llama-cpp-python has no health route (it listens only once the model is loaded, so any
+      answer from ``/v1/models`` means ready), vLLM and TEI bind their port only when ready.
+      A runtime that prints a line once it can serve (llama-server's "model loaded") names
+      it as ``ready_line``: the supervisor polls health the moment it sees that line, rather
+      than at its next poll, and still lets the health answer decide;
+    - metrics: llama.cpp says ``llamacpp:requests_processing``, vLLM says
+      ``vllm:num_requests_running``, and each renamed its KV-cache gauge across releases;
+    - out of memory: ggml prints ``cudaMalloc failed: out of memory`` and carries on to a
+      generic "failed to load model", PyTorch raises ``torch.OutOfMemoryError``, vLLM refuses
+      to start with "No available memory for the cache blocks";
+    - shutdown: C++ servers exit 0 from their signal handler or die of the signal itself
+      (-15 as Python reports it, 143 through a shell), Python servers may re-raise.
+
+    Metrics pages are read with the parser in ``prometheus.py``.
+    """
 
     @property
     def name(self) -> str:

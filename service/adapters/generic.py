@@ -3,13 +3,6 @@ adapter for.
 
 Readiness: ``GET /v1/models`` is the one route every OpenAI-compatible server has, and
 most bind their port only when they can serve; a policy can name a better ``health``.
-
-Metrics: no default path. If a policy names one, the known metric names of the runtimes
-vramd has adapters for (and of SGLang and TGI, which often sit behind such servers) are
-tried in turn, so a runtime started through a wrapper still reports what it can.
-
-Out of memory: the union of the ggml, PyTorch and ONNX Runtime messages; the bare phrase
-"out of memory" is not matched, because servers print it in hints and help text too.
 """
 
 from __future__ import annotations
@@ -41,6 +34,14 @@ def _unique(*groups: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]
 
 @dataclass(frozen=True)
 class GenericAdapter(BaseAdapter):
+    """Metrics: no default path. If a policy names one, the known metric names of the runtimes
+    vramd has adapters for (and of SGLang and TGI, which often sit behind such servers) are
+    tried in turn, so a runtime started through a wrapper still reports what it can.
+
+    Out of memory: the union of the ggml, PyTorch and ONNX Runtime messages; the bare phrase
+    "out of memory" is not matched, because servers print it in hints and help text too.
+    """
+
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         samples = MetricSamples.parse(text)
         usage = samples.mean(*KV_USAGE_NAMES, "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")

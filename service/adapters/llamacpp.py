@@ -1,39 +1,4 @@
-"""llama.cpp's ``llama-server``.
-
-Readiness: the HTTP server starts before the model is loaded, so the port answers long
-before the runtime can serve. ``GET /health`` says 503
-``{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`` while
-loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
-``{"status":"loading model"}`` / ``{"status":"error"}`` instead. The status code is what
-decides, but as a guard against builds and proxies that get it wrong, a 2xx whose JSON
-carries an ``error`` object or a loading/error ``status`` is not taken as ready either.
-Right after it flips to ready, the server's main function logs ``model loaded`` through
-``SRV_INF``: ``srv  llama_server: model loaded`` in current builds, ``srv          main:
-model loaded`` in older ones (the function's name padded to 12), with a timestamp and
-level before it when the log prefix is on (``0.00.099.290 I srv  llama_server: ...``,
-the default now) and colour codes around it with ``--log-colors``. That is the
-``ready_line``, so a load is seen the moment it ends, not at the next poll. Only that
-line says "model loaded", and a router (``--models-dir``) prints it only from children.
-Every build sets its ready flag before it prints the line, so the line is final: no
-health request needs to confirm it (``ready_line_final``; the poll stays the fallback).
-
-Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
-(``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
-``llamacpp:kv_cache_usage_ratio`` and ``llamacpp:kv_cache_tokens`` were removed in
-May 2025 (ggml-org/llama.cpp#13660) as too implementation-specific, so on current builds
-the KV-cache fields are ``None`` and vramd splits the footprint without them.
-
-KV use from ``GET /slots`` instead (on by default; ``--no-slots`` turns it off): each
-slot reports its context (``n_ctx``) and, while it works, the tokens it holds
-(``n_prompt_tokens``: prompt and generated so far; ``n_past`` in some builds). The share
-held by busy slots is the runtime's KV use as vLLM counts it: an idle slot's cached
-prompt can be dropped at once, so it is not load.
-
-Shutdown: SIGTERM runs the server's handler, which finishes and returns 0 within
-milliseconds; a second signal makes it exit(1) at once, which we only send as SIGKILL
-anyway. A SIGTERM that lands while it decodes can deadlock the handler on the queue's
-lock, so a stop waits 3 s at most (``exit_grace_s``) before the SIGKILL.
-"""
+"""llama.cpp's ``llama-server``."""
 
 from __future__ import annotations
 
@@ -81,6 +46,41 @@ def ggml_health_ok(status_code: int, body: bytes) -> bool:
 
 @dataclass(frozen=True)
 class LlamaCppAdapter(BaseAdapter):
+    """Readiness: the HTTP server starts before the model is loaded, so the port answers long
+    before the runtime can serve. ``GET /health`` says 503
+    ``{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`` while
+    loading and 200 ``{"status":"ok"}`` once ready. Builds from early 2024 answered
+    ``{"status":"loading model"}`` / ``{"status":"error"}`` instead. The status code is what
+    decides, but as a guard against builds and proxies that get it wrong, a 2xx whose JSON
+    carries an ``error`` object or a loading/error ``status`` is not taken as ready either.
+    Right after it flips to ready, the server's main function logs ``model loaded`` through
+    ``SRV_INF``: ``srv  llama_server: model loaded`` in current builds, ``srv          main:
+    model loaded`` in older ones (the function's name padded to 12), with a timestamp and
+    level before it when the log prefix is on (``0.00.099.290 I srv  llama_server: ...``,
+    the default now) and colour codes around it with ``--log-colors``. That is the
+    ``ready_line``, so a load is seen the moment it ends, not at the next poll. Only that
+    line says "model loaded", and a router (``--models-dir``) prints it only from children.
+    Every build sets its ready flag before it prints the line, so the line is final: no
+    health request needs to confirm it (``ready_line_final``; the poll stays the fallback).
+
+    Metrics: served at ``/metrics`` only when started with ``--metrics``. The request gauges
+    (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``) are in every build.
+    ``llamacpp:kv_cache_usage_ratio`` and ``llamacpp:kv_cache_tokens`` were removed in
+    May 2025 (ggml-org/llama.cpp#13660) as too implementation-specific, so on current builds
+    the KV-cache fields are ``None`` and vramd splits the footprint without them.
+
+    KV use from ``GET /slots`` instead (on by default; ``--no-slots`` turns it off): each
+    slot reports its context (``n_ctx``) and, while it works, the tokens it holds
+    (``n_prompt_tokens``: prompt and generated so far; ``n_past`` in some builds). The share
+    held by busy slots is the runtime's KV use as vLLM counts it: an idle slot's cached
+    prompt can be dropped at once, so it is not load.
+
+    Shutdown: SIGTERM runs the server's handler, which finishes and returns 0 within
+    milliseconds; a second signal makes it exit(1) at once, which we only send as SIGKILL
+    anyway. A SIGTERM that lands while it decodes can deadlock the handler on the queue's
+    lock, so a stop waits 3 s at most (``exit_grace_s``) before the SIGKILL.
+    """
+
     def health_ok(self, status_code: int, body: bytes) -> bool:
         return ggml_health_ok(status_code, body)
 

@@ -2,22 +2,6 @@
 
 Readiness: it loads its voice before it binds its port, then ``GET /voices`` answers 200
 with the voices it has (it has no ``/health``).
-
-Routes: it speaks its own API, not OpenAI's: ``POST /synthesize`` with ``{"text": ...}``
-answers a WAV labelled ``text/html`` (as Flask labels bytes). vramd's route map sends
-``/v1/audio/speech`` there, ``speech_request`` reshapes OpenAI's body into piper's and the
-answer goes out as ``audio/wav``, so the openai client's ``audio.speech.create`` works
-unchanged. Piper writes WAV only.
-
-Metrics: none.
-
-Out of memory: onnxruntime's session failing for want of memory (``pthread_create
-failed, error code: 12 error msg: Cannot allocate memory`` under a small address space,
-``Failed to allocate memory for requested buffer`` from its arena, ``std::bad_alloc``),
-and Python's ``MemoryError`` (under a smaller one, while it imports).
-
-Shutdown: Flask's development server has no SIGTERM handler; it dies of the signal (-15)
-at once, a request in flight with it.
 """
 
 from __future__ import annotations
@@ -75,6 +59,23 @@ def speech_request(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PiperAdapter(BaseAdapter):
+    """Routes: it speaks its own API, not OpenAI's: ``POST /synthesize`` with ``{"text": ...}``
+    answers a WAV labelled ``text/html`` (as Flask labels bytes). vramd's route map sends
+    ``/v1/audio/speech`` there, ``speech_request`` reshapes OpenAI's body into piper's and the
+    answer goes out as ``audio/wav``, so the openai client's ``audio.speech.create`` works
+    unchanged. Piper writes WAV only.
+
+    Metrics: none.
+
+    Out of memory: onnxruntime's session failing for want of memory (``pthread_create
+    failed, error code: 12 error msg: Cannot allocate memory`` under a small address space,
+    ``Failed to allocate memory for requested buffer`` from its arena, ``std::bad_alloc``),
+    and Python's ``MemoryError`` (under a smaller one, while it imports).
+
+    Shutdown: Flask's development server has no SIGTERM handler; it dies of the signal (-15)
+    at once, a request in flight with it.
+    """
+
     native_routes: Mapping[str, NativeRoute] = field(
         default_factory=lambda: MappingProxyType(
             {"/v1/audio/speech": NativeRoute(speech_request, answer_type="audio/wav")}

@@ -3,16 +3,6 @@
 ``parse_samples`` turns a scrape into ``Sample`` values, ``parse_prometheus`` folds them
 into the ``raw`` mapping ``RuntimeMetrics`` keeps, and ``MetricSamples`` answers the
 lookups an adapter's ``parse_metrics`` makes ("the first of these names present").
-
-Why not ``prometheus_client.parser``: it stops at the first malformed line (a generator
-that raises, so every sample after it is lost), it renames a counter's samples to
-``<name>_total`` when the runtime wrote them without the suffix (llama.cpp's
-``llamacpp:n_tokens_max``, TEI's ``te_request_count``), and on the recorded pages in
-``tests/fixtures/adapters`` it takes two to seven times as long as this parser.
-
-The parser is deliberately forgiving: a scrape that contains one malformed line still
-yields every other sample, because a missing KV-cache figure is better than none at all.
-Metric names may contain colons (``vllm:kv_cache_usage_perc``), as the format allows.
 """
 
 from __future__ import annotations
@@ -133,6 +123,16 @@ def parse_samples(text: str) -> list[Sample]:
     """Every well-formed sample in ``text``, in order; a repeated series keeps its last value.
 
     Comments, ``# HELP``/``# TYPE``/``# EOF`` lines and anything unparsable are skipped.
+
+    Why not ``prometheus_client.parser``: it stops at the first malformed line (a generator
+    that raises, so every sample after it is lost), it renames a counter's samples to
+    ``<name>_total`` when the runtime wrote them without the suffix (llama.cpp's
+    ``llamacpp:n_tokens_max``, TEI's ``te_request_count``), and on the recorded pages in
+    ``tests/fixtures/adapters`` it takes two to seven times as long as this parser.
+
+    The parser is deliberately forgiving: a scrape that contains one malformed line still
+    yields every other sample, because a missing KV-cache figure is better than none at all.
+    Metric names may contain colons (``vllm:kv_cache_usage_perc``), as the format allows.
     """
     series: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
     for raw_line in text.splitlines():

@@ -3,33 +3,6 @@
 Readiness: the API server binds its port only after the engine has loaded the model,
 profiled memory and allocated the KV cache; ``GET /health`` then answers 200 (503 once the
 engine has died).
-
-Metrics: Prometheus text at ``/metrics``, labelled by ``model_name`` (and ``engine`` with
-data parallelism). KV-cache use was ``vllm:gpu_cache_usage_perc`` and is
-``vllm:kv_cache_usage_perc`` since the V1 engine's metrics rework (the old name is hidden
-from 0.11 on); both are 0..1 despite the "perc". Several engines each report their own
-cache, so usage is their mean; requests are summed. There is no token gauge, but
-``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels, and
-usage * blocks * block size approximates the tokens held (rounded up to whole blocks).
-
-Out of memory: the PyTorch errors at request time (torch's host allocator on the CPU
-build), and the refusals at start that all mean "the memory this configuration needs is
-not there": "No available memory for the cache blocks", "Free memory on device (…) on
-startup is less than desired GPU memory utilization", the KV cache being too small for
-``max_model_len``, and the CPU build's KV space beyond its NUMA node.
-
-Sleep mode: with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` the server can
-offload its weights to host memory and drop its KV cache (level 1) or drop both (level 2)
-without exiting, then wake in a fraction of a load's time. Without dev mode the routes
-do not exist (404); the helpers below then return ``False`` and the caller stops the
-instance instead. The CPU build refuses ``--enable-sleep-mode`` at start, and with dev mode
-alone answers ``/sleep`` with success while freeing nothing; the caller checks the
-footprint and stops such a runtime rather than trust the answer.
-
-Shutdown: once serving, SIGTERM makes uvicorn exit 0 within a second and the engine
-process is killed after it. During start-up the signal can be lost: 0.32's CPU build
-went on loading and served, never exiting, so a stop while loading ends in the process
-group's SIGKILL after ``stop_timeout``.
 """
 
 from __future__ import annotations
@@ -84,6 +57,34 @@ def _kv_cache_tokens(samples: MetricSamples, usage: float | None) -> int | None:
 
 @dataclass(frozen=True)
 class VllmAdapter(BaseAdapter):
+    """Metrics: Prometheus text at ``/metrics``, labelled by ``model_name`` (and ``engine`` with
+    data parallelism). KV-cache use was ``vllm:gpu_cache_usage_perc`` and is
+    ``vllm:kv_cache_usage_perc`` since the V1 engine's metrics rework (the old name is hidden
+    from 0.11 on); both are 0..1 despite the "perc". Several engines each report their own
+    cache, so usage is their mean; requests are summed. There is no token gauge, but
+    ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels, and
+    usage * blocks * block size approximates the tokens held (rounded up to whole blocks).
+
+    Out of memory: the PyTorch errors at request time (torch's host allocator on the CPU
+    build), and the refusals at start that all mean "the memory this configuration needs is
+    not there": "No available memory for the cache blocks", "Free memory on device (…) on
+    startup is less than desired GPU memory utilization", the KV cache being too small for
+    ``max_model_len``, and the CPU build's KV space beyond its NUMA node.
+
+    Sleep mode: with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` the server can
+    offload its weights to host memory and drop its KV cache (level 1) or drop both (level 2)
+    without exiting, then wake in a fraction of a load's time. Without dev mode the routes
+    do not exist (404); the helpers below then return ``False`` and the caller stops the
+    instance instead. The CPU build refuses ``--enable-sleep-mode`` at start, and with dev mode
+    alone answers ``/sleep`` with success while freeing nothing; the caller checks the
+    footprint and stops such a runtime rather than trust the answer.
+
+    Shutdown: once serving, SIGTERM makes uvicorn exit 0 within a second and the engine
+    process is killed after it. During start-up the signal can be lost: 0.32's CPU build
+    went on loading and served, never exiting, so a stop while loading ends in the process
+    group's SIGKILL after ``stop_timeout``.
+    """
+
     def parse_metrics(self, text: str) -> RuntimeMetrics:
         samples = MetricSamples.parse(text)
         usage = as_ratio(samples.mean(*KV_USAGE_NAMES))

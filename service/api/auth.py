@@ -1,18 +1,4 @@
-"""Keys for ``/v1`` and ``/api``, as FastAPI dependencies (docs/api.md, "Authentication").
-
-A client key (``server.api_keys``: the client ``default``; ``server.clients``: a name, the
-models it may use) opens ``/v1``, ``/upstream`` and the Ollama listener, and says who is
-asking: a ``Caller``. An admin key opens ``/api`` with its scopes. The sets are separate
-on purpose: a key handed to an app cannot unload models or rewrite the policy. No keys
-means no check, which the daemon allows only on a loopback address; a caller is then
-named by ``X-Vramd-Client`` or the OpenAI ``user`` field, for fair queues only.
-
-Keys are held and compared as SHA-256 digests with ``hmac.compare_digest``, every digest
-each time, so a comparison's time says nothing about the key. Neither a key nor the
-``Authorization`` header is ever logged. The app factory puts an ``AuthConfig`` on
-``app.state.auth`` (replaced on every apply, so a removed key fails at once); without one
-every guarded route fails closed (500).
-"""
+"""Keys for ``/v1`` and ``/api``, as FastAPI dependencies (docs/api.md, "Authentication")."""
 
 from __future__ import annotations
 
@@ -92,7 +78,21 @@ def _digest(key: str) -> bytes:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """The keys that open ``/v1`` and ``/api``; empty means that part is open."""
+    """The keys that open ``/v1`` and ``/api``; empty means that part is open.
+
+    A client key (``server.api_keys``: the client ``default``; ``server.clients``: a name, the
+    models it may use) opens ``/v1``, ``/upstream`` and the Ollama listener, and says who is
+    asking: a ``Caller``. An admin key opens ``/api`` with its scopes. The sets are separate
+    on purpose: a key handed to an app cannot unload models or rewrite the policy. No keys
+    means no check, which the daemon allows only on a loopback address; a caller is then
+    named by ``X-Vramd-Client`` or the OpenAI ``user`` field, for fair queues only.
+
+    Keys are held and compared as SHA-256 digests with ``hmac.compare_digest``, every digest
+    each time, so a comparison's time says nothing about the key. Neither a key nor the
+    ``Authorization`` header is ever logged. The app factory puts an ``AuthConfig`` on
+    ``app.state.auth`` (replaced on every apply, so a removed key fails at once); without one
+    every guarded route fails closed (500).
+    """
 
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     admin_keys: tuple[str | AdminKey, ...] = field(default=(), repr=False)

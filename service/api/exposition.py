@@ -1,15 +1,4 @@
-"""Prometheus's text format (version 0.0.4), written with plain string formatting.
-
-prometheus-client's ``generate_latest`` checks and escapes every label name and metric
-name of every sample: about 10 µs a sample, 9 ms for the ~650 samples of a
-twenty-service policy. A router scraping 20 times a second cannot wait for that, so
-``/metrics`` writes its families here instead, at a fraction of the cost: names are
-vramd's own constants and need no checking; label values and help texts are escaped as
-the format requires, and labels are sorted by name, as prometheus-client writes them.
-Families are the ones prometheus-client's collectors yield (``Metric``); counters' and
-histograms' ``_created`` samples are left out, as prometheus-client leaves them out
-when ``PROMETHEUS_DISABLE_CREATED_SERIES`` is set.
-"""
+"""Prometheus's text format (version 0.0.4), written with plain string formatting."""
 
 from __future__ import annotations
 
@@ -23,7 +12,18 @@ _SUFFIXED = {"counter": "_total"}
 
 
 def family_text(metric: Metric) -> str:
-    """One family: its HELP and TYPE lines, then its samples, each line ended."""
+    """One family: its HELP and TYPE lines, then its samples, each line ended.
+
+    prometheus-client's ``generate_latest`` checks and escapes every label name and metric
+    name of every sample: about 10 µs a sample, 9 ms for the ~650 samples of a
+    twenty-service policy. A router scraping 20 times a second cannot wait for that, so
+    ``/metrics`` writes its families here instead, at a fraction of the cost: names are
+    vramd's own constants and need no checking; label values and help texts are escaped as
+    the format requires, and labels are sorted by name, as prometheus-client writes them.
+    Families are the ones prometheus-client's collectors yield (``Metric``); counters' and
+    histograms' ``_created`` samples are left out, as prometheus-client leaves them out
+    when ``PROMETHEUS_DISABLE_CREATED_SERIES`` is set.
+    """
     name = metric.name + _SUFFIXED.get(metric.type, "")
     help_text = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {metric.type}"]

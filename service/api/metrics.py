@@ -1,54 +1,4 @@
-"""Prometheus metrics for ``GET /metrics``: a router's series first, then vramd's own.
-
-A scrape never asks a device or a runtime: every series is made of state the sampler and
-the kernel keep, so ``/metrics`` answers in milliseconds while a driver call hangs. Two
-parts, as fresh as their readers need (docs/api.md, "GET /metrics"):
-
-- The model-server protocol a cluster router scores machines by, 20 times a second
-  (``vllm:*``, then ``vramd_model_*``): written at each scrape from the kernel's counts
-  (``service.api.router_metrics``).
-- vramd's own series (below), for Prometheus and dashboards: a snapshot, renewed once
-  per ``device.sample_interval`` while someone scrapes (``keep_fresh``, one family at a
-  time so a scrape waits for one family at most), and at a scrape that finds it older
-  than ``STALE_AFTER`` intervals (the first one, or after nobody asked for a while).
-  Gauges and the load/eviction/restart counters come from the orchestrator's status
-  view (``status_families``); what happens between samples (each request's outcome,
-  queue wait and load time) is counted by live instruments that the kernel updates
-  through ``Metrics.request_done`` and ``Metrics.load_done``.
-
-Writing all of vramd's series takes milliseconds on a twenty-service policy (~650
-samples): at a router's 20 Hz that would be a slow answer whenever the loop is busy and
-a large share of a core. The snapshot costs that once a sample interval, and the text is
-written by ``service.api.exposition``, not by prometheus-client's slower
-``generate_latest``.
-
-Each ``Metrics`` has its own ``CollectorRegistry``, never prometheus-client's global
-default, so tests can build many apps in one process.
-
-``/metrics`` is not behind the admin key: Prometheus scrapers rarely send one. It exposes
-service and model names, states and memory figures (nothing that changes anything, and
-neither keys nor prompts); where that is too much, keep the port off the network or put
-the scrape behind a proxy that checks its own credentials.
-
-vramd's own series (``device`` is the device index, ``service`` the service name)::
-
-    vramd_info{version, backend}                                   1
-    vramd_device_{total,used,free,foreign,budget,headroom,available}_bytes{device}
-    vramd_service_{footprint,host,expected_peak,learned_peak,estimate,cap}_bytes{service}
-    vramd_service_device_{footprint,charge}_bytes{service, device}  per device it is on
-    vramd_service_state{service, state}            1 for the current state, 0 for others
-    vramd_service_flag{service, flag}              1 when the flag is raised
-    vramd_service_in_flight{service}, vramd_service_queued{service}
-    vramd_service_{loads,evictions,restarts}_total{service}        counters
-    vramd_requests_total{service, code}                            counter (live)
-    vramd_load_seconds{service}                    histogram, spawn to ready (live)
-    vramd_queue_wait_seconds{service}              histogram, arrival to slot (live)
-    vramd_client_requests_total{client, service}   counters per configured client
-    vramd_client_errors_total{client, service, code}
-    vramd_client_tokens_total{client, service, direction}          direction: in, out
-    vramd_client_runtime_seconds_total{client, service}
-    vramd_client_images_total{client, service}, vramd_client_audio_seconds_total{...}
-"""
+"""Prometheus metrics for ``GET /metrics``: a router's series first, then vramd's own."""
 
 from __future__ import annotations
 
@@ -298,6 +248,55 @@ class Metrics:
     ``status`` gives the orchestrator's status view, ``node_load`` the figures of the
     router's series (none: those series are left out); ``refresh_s`` is the sampler's
     interval, the age the snapshot of vramd's own series is kept to while scraped.
+
+    A scrape never asks a device or a runtime: every series is made of state the sampler and
+    the kernel keep, so ``/metrics`` answers in milliseconds while a driver call hangs. Two
+    parts, as fresh as their readers need (docs/api.md, "GET /metrics"):
+
+    - The model-server protocol a cluster router scores machines by, 20 times a second
+      (``vllm:*``, then ``vramd_model_*``): written at each scrape from the kernel's counts
+      (``service.api.router_metrics``).
+    - vramd's own series (below), for Prometheus and dashboards: a snapshot, renewed once
+      per ``device.sample_interval`` while someone scrapes (``keep_fresh``, one family at a
+      time so a scrape waits for one family at most), and at a scrape that finds it older
+      than ``STALE_AFTER`` intervals (the first one, or after nobody asked for a while).
+      Gauges and the load/eviction/restart counters come from the orchestrator's status
+      view (``status_families``); what happens between samples (each request's outcome,
+      queue wait and load time) is counted by live instruments that the kernel updates
+      through ``Metrics.request_done`` and ``Metrics.load_done``.
+
+    Writing all of vramd's series takes milliseconds on a twenty-service policy (~650
+    samples): at a router's 20 Hz that would be a slow answer whenever the loop is busy and
+    a large share of a core. The snapshot costs that once a sample interval, and the text is
+    written by ``service.api.exposition``, not by prometheus-client's slower
+    ``generate_latest``.
+
+    Each ``Metrics`` has its own ``CollectorRegistry``, never prometheus-client's global
+    default, so tests can build many apps in one process.
+
+    ``/metrics`` is not behind the admin key: Prometheus scrapers rarely send one. It exposes
+    service and model names, states and memory figures (nothing that changes anything, and
+    neither keys nor prompts); where that is too much, keep the port off the network or put
+    the scrape behind a proxy that checks its own credentials.
+
+    vramd's own series (``device`` is the device index, ``service`` the service name)::
+
+        vramd_info{version, backend}                                   1
+        vramd_device_{total,used,free,foreign,budget,headroom,available}_bytes{device}
+        vramd_service_{footprint,host,expected_peak,learned_peak,estimate,cap}_bytes{service}
+        vramd_service_device_{footprint,charge}_bytes{service, device}  per device it is on
+        vramd_service_state{service, state}            1 for the current state, 0 for others
+        vramd_service_flag{service, flag}              1 when the flag is raised
+        vramd_service_in_flight{service}, vramd_service_queued{service}
+        vramd_service_{loads,evictions,restarts}_total{service}        counters
+        vramd_requests_total{service, code}                            counter (live)
+        vramd_load_seconds{service}                    histogram, spawn to ready (live)
+        vramd_queue_wait_seconds{service}              histogram, arrival to slot (live)
+        vramd_client_requests_total{client, service}   counters per configured client
+        vramd_client_errors_total{client, service, code}
+        vramd_client_tokens_total{client, service, direction}          direction: in, out
+        vramd_client_runtime_seconds_total{client, service}
+        vramd_client_images_total{client, service}, vramd_client_audio_seconds_total{...}
     """
 
     def __init__(

@@ -1,22 +1,4 @@
-"""The Ollama listener: Ollama's API on its own port, on the same scheduler (docs/api.md).
-
-With ``server.ollama: {port: 11434}`` the daemon runs this app beside the main one
-(``service.server``); it shares the main app's state, so the keys, body limits and
-orchestrator are the same objects. Each inference route translates the request into the
-service's OpenAI route (``service.ollama``), leases and relays it through the same
-``ProxyResponse`` as ``/v1`` (queueing, loading, cancellation on disconnect), and
-translates the answer back: one JSON object, or NDJSON lines when the client streams.
-
-Requests never change the runtime: options such as ``num_ctx`` or ``num_gpu`` and
-``keep_alive`` would mean a reload or another residency in Ollama, and here the policy
-decides those. They are ignored, named in an ``X-Vramd-Ignored`` header and logged.
-Model-management calls (pull, push, create, copy, delete, blobs) answer 501: the policy
-file manages models. Other paths answer 404. Errors have Ollama's shape,
-``{"error": "..."}``, with vramd's statuses.
-
-Model names are the policy's. Ollama's clients may add the implicit ``:latest`` tag, so
-a name that is not served is looked up again without it.
-"""
+"""The Ollama listener: Ollama's API on its own port, on the same scheduler (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -70,7 +52,25 @@ def _ollama(_: str) -> Dialect:
 
 
 def create_ollama_app(main: FastAPI) -> FastAPI:
-    """The listener's app, sharing ``main``'s state (daemon, keys, proxy settings)."""
+    """The listener's app, sharing ``main``'s state (daemon, keys, proxy settings).
+
+    With ``server.ollama: {port: 11434}`` the daemon runs this app beside the main one
+    (``service.server``); it shares the main app's state, so the keys, body limits and
+    orchestrator are the same objects. Each inference route translates the request into the
+    service's OpenAI route (``service.ollama``), leases and relays it through the same
+    ``ProxyResponse`` as ``/v1`` (queueing, loading, cancellation on disconnect), and
+    translates the answer back: one JSON object, or NDJSON lines when the client streams.
+
+    Requests never change the runtime: options such as ``num_ctx`` or ``num_gpu`` and
+    ``keep_alive`` would mean a reload or another residency in Ollama, and here the policy
+    decides those. They are ignored, named in an ``X-Vramd-Ignored`` header and logged.
+    Model-management calls (pull, push, create, copy, delete, blobs) answer 501: the policy
+    file manages models. Other paths answer 404. Errors have Ollama's shape,
+    ``{"error": "..."}``, with vramd's statuses.
+
+    Model names are the policy's. Ollama's clients may add the implicit ``:latest`` tag, so
+    a name that is not served is looked up again without it.
+    """
     app = FastAPI(
         title="vramd: Ollama API",
         version=__version__,

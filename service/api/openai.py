@@ -4,16 +4,6 @@ A route reads just enough of a request to route it: the body (size-limited), and
 ``model`` named in it, from the JSON object or from the multipart form field. It asks the
 orchestrator which service serves that model on this route and hands the rest to
 ``service.proxy.forward.ProxyResponse``, which queues, forwards and relays.
-
-The client's bytes are forwarded as they came. A body is re-encoded only when the service
-sets ``upstream_model`` or ``set_params`` for the model, or its runtime has an API of its
-own for the route (piper's ``/synthesize``, reshaped by its adapter): JSON is then dumped
-again with the new model and fields, and a multipart body gets the model field's value replaced in
-place (files are never parsed or copied twice; a find over the already-read body locates
-the field; ``set_params`` applies to JSON bodies only).
-
-Every route here requires a client key when keys are set (``auth.py``), and a client
-sees and uses only the models its key allows.
 """
 
 from __future__ import annotations
@@ -230,7 +220,15 @@ def _json_model(body: bytes) -> tuple[str, ModelRewrite, dict[str, Any]]:
 
 
 def with_params(body: bytes, params: Mapping[str, Any]) -> tuple[bytes, ModelRewrite]:
-    """A JSON body with a service's ``set_params`` fields set over the client's."""
+    """A JSON body with a service's ``set_params`` fields set over the client's.
+
+    The client's bytes are forwarded as they came. A body is re-encoded only when the
+    service sets ``upstream_model`` or ``set_params`` for the model, or its runtime has an
+    API of its own for the route (piper's ``/synthesize``, reshaped by its adapter): JSON is
+    then dumped again with the new model and fields, and a multipart body gets the model
+    field's value replaced in place (files are never parsed or copied twice; a find over the
+    already-read body locates the field; ``set_params`` applies to JSON bodies only).
+    """
     payload = {**json.loads(body), **params}
 
     def with_model(name: str) -> bytes:

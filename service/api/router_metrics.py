@@ -1,29 +1,4 @@
-"""The series a cluster router scores this machine by: the model-server metric protocol.
-
-A pool of machines, one vramd on each, is routed by an existing router, never by vramd
-(docs/deployment.md, "Many machines"). The Kubernetes Gateway API inference extension's
-endpoint picker scrapes every endpoint's ``/metrics`` for vLLM's names and scores
-endpoints by queue, KV-cache use and which models (LoRA adapters, to vLLM) are loaded.
-vramd answers under the same names, so the picker's stock scorers route by vramd's load
-and send a request where its model is already resident (docs/api.md, "GET /metrics")::
-
-    vllm:num_requests_waiting      every request queued: for a slot, a load or memory
-    vllm:num_requests_running      requests in service
-    vllm:kv_cache_usage_perc       0..1: the highest KV use among ready runtimes that
-                                   report it, else the share of the budget charged
-    vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}
-                                   the time of the scrape; running: the model names of
-                                   ready services, waiting: of those loading or queued
-                                   for a load; max_lora: how many model names it serves
-    vramd_model_requests_waiting{model}, vramd_model_resident{model}
-
-The first three come first and carry no labels, as the picker expects. A service's
-figures are shared by each of its model names (``models: [a, b]``).
-
-The router asks 20 times a second and reads a slow answer as saturation, so these lines
-are written at each scrape from ``NodeLoad`` (the kernel's counts, the sampler's KV
-figures) with ``service.api.exposition``'s plain formatting.
-"""
+"""The series a cluster router scores this machine by: the model-server metric protocol."""
 
 from __future__ import annotations
 
@@ -38,7 +13,32 @@ LOADING_STATES = frozenset({InstanceState.STARTING.value})
 
 
 def router_exposition(load: NodeLoad, now: float) -> str:
-    """The protocol's series as Prometheus text, ``now`` being the wall-clock time."""
+    """The protocol's series as Prometheus text, ``now`` being the wall-clock time.
+
+    A pool of machines, one vramd on each, is routed by an existing router, never by vramd
+    (docs/deployment.md, "Many machines"). The Kubernetes Gateway API inference extension's
+    endpoint picker scrapes every endpoint's ``/metrics`` for vLLM's names and scores
+    endpoints by queue, KV-cache use and which models (LoRA adapters, to vLLM) are loaded.
+    vramd answers under the same names, so the picker's stock scorers route by vramd's load
+    and send a request where its model is already resident (docs/api.md, "GET /metrics")::
+
+        vllm:num_requests_waiting      every request queued: for a slot, a load or memory
+        vllm:num_requests_running      requests in service
+        vllm:kv_cache_usage_perc       0..1: the highest KV use among ready runtimes that
+                                       report it, else the share of the budget charged
+        vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}
+                                       the time of the scrape; running: the model names of
+                                       ready services, waiting: of those loading or queued
+                                       for a load; max_lora: how many model names it serves
+        vramd_model_requests_waiting{model}, vramd_model_resident{model}
+
+    The first three come first and carry no labels, as the picker expects. A service's
+    figures are shared by each of its model names (``models: [a, b]``).
+
+    The router asks 20 times a second and reads a slow answer as saturation, so these lines
+    are written at each scrape from ``NodeLoad`` (the kernel's counts, the sampler's KV
+    figures) with ``service.api.exposition``'s plain formatting.
+    """
     services = load.services
     running, waiting = resident_models(services)
     served = sum(len(svc.models) for svc in services)

@@ -4,14 +4,6 @@
 straight from the ``service.ui`` package (no build step, nothing from a CDN). They hold
 no data: the page's script reads ``/api`` and sends the admin key when the policy sets
 ``server.admin_keys`` (the page asks for it once and keeps it in ``sessionStorage``).
-
-``GET /metrics`` is the Prometheus exposition (``service.api.metrics``). It is not behind the
-admin key, because Prometheus scrapers usually cannot send one; it shows names, states
-and memory figures, and changes nothing.
-
-Every response here carries a strict Content-Security-Policy: scripts, styles and
-connections only from this origin, so a service name or event message that slipped
-past the page's escaping still could not run script.
 """
 
 from __future__ import annotations
@@ -65,6 +57,14 @@ async def metrics(request: Request) -> Response:
 
     A plain Starlette route: a cluster router asks 20 times a second, and FastAPI's
     dependency solving and validation would add a third to the time of each answer.
+
+    ``GET /metrics`` is the Prometheus exposition (``service.api.metrics``). It is not behind the
+    admin key, because Prometheus scrapers usually cannot send one; it shows names, states
+    and memory figures, and changes nothing.
+
+    Every response here carries a strict Content-Security-Policy: scripts, styles and
+    connections only from this origin, so a service name or event message that slipped
+    past the page's escaping still could not run script.
     """
     body, content_type = get_metrics(request).render()
     return Response(body, media_type=content_type)

@@ -1,12 +1,4 @@
-"""``/upstream/{service}/{path}``: a runtime's own API, through vramd (docs/api.md).
-
-Runtimes answer more than the OpenAI routes: llama.cpp's ``/slots``, ``/props`` and
-``/tokenize``, a web UI and its API. A request here goes to the named service's runtime
-with its method, path, query and body unchanged, on a lease like any other request: it
-loads the service if it is not running, waits its turn behind ``max_concurrency``, and
-counts as use, so the service does not idle out under it. An ``api_keys`` key is needed
-when keys are set; the key itself is not passed on (it is vramd's, not the runtime's).
-"""
+"""``/upstream/{service}/{path}``: a runtime's own API, through vramd (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +48,15 @@ async def service_root(service: str, request: Request) -> Response:
 
 
 async def upstream(service: str, path: str, request: Request) -> Response:
-    """Passed to the runtime of ``service`` at ``/{path}``, as it came."""
+    """Passed to the runtime of ``service`` at ``/{path}``, as it came.
+
+    Runtimes answer more than the OpenAI routes: llama.cpp's ``/slots``, ``/props`` and
+    ``/tokenize``, a web UI and its API. A request here goes to the named service's runtime
+    with its method, path, query and body unchanged, on a lease like any other request: it
+    loads the service if it is not running, waits its turn behind ``max_concurrency``, and
+    counts as use, so the service does not idle out under it. An ``api_keys`` key is needed
+    when keys are set; the key itself is not passed on (it is vramd's, not the runtime's).
+    """
     caller = await require_api_key(request)
     leases = await get_leases(request)
     config = await get_proxy_config(request)

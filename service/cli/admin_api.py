@@ -1,19 +1,7 @@
 """A small typed HTTP client for the admin API (docs/api.md), used by the CLI.
 
-    with AdminClient(settings.url, admin_key=settings.admin_key) as client:
-        client.load("chat")          # the service's JSON view once it is ready
-
-Every failure is one of these, so a caller can answer each with one clear line:
-
-    ClientError
-    ├── DaemonUnreachable   nothing answered at the URL (refused, no such host, connect
-    │                       timeout, not an http(s) URL): the daemon is not running there
-    ├── RequestFailed       the connection broke or timed out after it was made
-    └── ApiError            the daemon answered with an error status; carries the status,
-                            the OpenAI-shaped ``code`` and ``message``, and ``errors``
-                            (``[{path, line, col, message}]``) for a 422 invalid policy
-
-The transport can be replaced (``httpx.MockTransport`` in tests), as in httpx itself.
+with AdminClient(settings.url, admin_key=settings.admin_key) as client:
+    client.load("chat")          # the service's JSON view once it is ready
 """
 
 from __future__ import annotations

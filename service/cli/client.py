@@ -1,12 +1,4 @@
-"""The ``vramd`` commands that talk to a running daemon over HTTP (docs/cli.md).
-
-``ps``, ``load``/``unload``/``restart``, ``explain``, ``apply``, ``events`` and ``incidents``;
-the ``windows`` group lives in ``windows.py`` and uses ``connect`` from here. Each command
-takes ``--url`` (default ``$VRAMD_URL`` or http://127.0.0.1:8400) and sends
-``$VRAMD_ADMIN_KEY`` as a bearer key when it is set. Exit codes as in ``console``: 0 done,
-1 the request failed or the input is invalid, 3 the daemon is unreachable. The requests are
-``service.cli.admin_api.AdminClient``'s; how the answers read is ``render``'s.
-"""
+"""The ``vramd`` commands that talk to a running daemon over HTTP (docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,6 @@
 Exit codes: 0 success, 1 the thing asked for failed or is invalid (``EXIT_FAILED``), 2 usage
 errors (typer's own), 3 the daemon is unreachable (``EXIT_UNREACHABLE``). An expected failure
 prints one line on stderr, never a traceback.
-
-Text that comes from outside (names, messages, file contents) is printed with
-``markup=False`` so rich never reads it as markup.
 """
 
 from __future__ import annotations

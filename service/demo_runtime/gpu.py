@@ -1,17 +1,4 @@
-"""Device memory on simulated GPUs: what ``--gpu-memory`` holds and each request adds.
-
-With ``--gpu-memory SIZE`` the runtime allocates SIZE at the end of its load on the
-simulated GPUs (``service.simgpu``, the state named by ``VRAMD_SIMULATED_GPUS``) that its
-``CUDA_VISIBLE_DEVICES`` shows, numbered as CUDA numbers them (fastest first unless
-``CUDA_DEVICE_ORDER=PCI_BUS_ID``), split over them by ``--gpu-split`` (even by default).
-``--gpu-leak-per-request SIZE`` adds device memory per inference request, split the same
-way, and never frees it. An allocation that does not fit raises ``OutOfMemory``; the
-caller prints the runtime's line. Nothing is freed at exit: the simulation sees the pid
-gone and releases its memory after the release lag, as the driver does.
-
-``service.simgpu`` is imported only here, and only when one of the flags is given, so a
-runtime without them starts as fast as before.
-"""
+"""Device memory on simulated GPUs: what ``--gpu-memory`` holds and each request adds."""
 
 from __future__ import annotations
 
@@ -30,7 +17,20 @@ if TYPE_CHECKING:
 
 class GpuMemory:
     """This runtime's simulated device memory; ``CudaError`` from the constructor when it
-    cannot see a device (no state, or a ``CUDA_VISIBLE_DEVICES`` that shows nothing)."""
+    cannot see a device (no state, or a ``CUDA_VISIBLE_DEVICES`` that shows nothing).
+
+    With ``--gpu-memory SIZE`` the runtime allocates SIZE at the end of its load on the
+    simulated GPUs (``service.simgpu``, the state named by ``VRAMD_SIMULATED_GPUS``) that its
+    ``CUDA_VISIBLE_DEVICES`` shows, numbered as CUDA numbers them (fastest first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), split over them by ``--gpu-split`` (even by default).
+    ``--gpu-leak-per-request SIZE`` adds device memory per inference request, split the same
+    way, and never frees it. An allocation that does not fit raises ``OutOfMemory``; the
+    caller prints the runtime's line. Nothing is freed at exit: the simulation sees the pid
+    gone and releases its memory after the release lag, as the driver does.
+
+    ``service.simgpu`` is imported only here, and only when one of the flags is given, so a
+    runtime without them starts as fast as before.
+    """
 
     def __init__(self, opts: Options) -> None:
         from service.simgpu import CudaError, CudaProcess, NoDevice, StateError, StateFile

@@ -1,17 +1,4 @@
-"""Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``).
-
-Answered as Anthropic's API answers (llama.cpp's server speaks it too): one text block
-holding the demo text, ``stop_reason`` ``end_turn``, or ``max_tokens`` when
-``max_tokens`` is below the reply's words (the text is then cut to that many words).
-``max_tokens`` is required, as Anthropic requires it. Streamed, it is Anthropic's event
-sequence, each event named by its ``type``::
-
-    message_start, content_block_start, ping, content_block_delta (one text_delta per
-    chunk), content_block_stop, message_delta (stop_reason, usage.output_tokens),
-    message_stop
-
-Errors on these routes have Anthropic's shape (``ApiError.reply(anthropic=True)``).
-"""
+"""Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``)."""
 
 from __future__ import annotations
 
@@ -24,6 +11,18 @@ from service.demo_runtime.text import content_words, model_name, reply_pieces, r
 
 
 def create(payload: dict[str, Any], opts: Options) -> Reply:
+    """Answered as Anthropic's API answers (llama.cpp's server speaks it too): one text block
+    holding the demo text, ``stop_reason`` ``end_turn``, or ``max_tokens`` when
+    ``max_tokens`` is below the reply's words (the text is then cut to that many words).
+    ``max_tokens`` is required, as Anthropic requires it. Streamed, it is Anthropic's event
+    sequence, each event named by its ``type``::
+
+        message_start, content_block_start, ping, content_block_delta (one text_delta per
+        chunk), content_block_stop, message_delta (stop_reason, usage.output_tokens),
+        message_stop
+
+    Errors on these routes have Anthropic's shape (``ApiError.reply(anthropic=True)``).
+    """
     prompt = prompt_words(payload)
     max_tokens = require(payload, "max_tokens", int)
     if max_tokens < 1:

@@ -1,16 +1,4 @@
-"""Routes at runtimes' own paths, which vramd reaches through ``/upstream`` and route maps.
-
-llama.cpp's server answers ``GET /slots``, ``GET /props`` and ``POST /tokenize``; clients
-and web UIs call them through vramd's ``/upstream/{service}/{path}`` pass-through. With
-``--native-routes`` the demo also answers where other runtimes do their work, so a test
-can prove that a service's ``routes:`` map sent a request there: text-embeddings-
-inference reranks at ``POST /rerank``, whisper.cpp's server transcribes at
-``POST /inference``. ``/debug/echo`` answers any method with what it received, so a
-pass-through test can see that method, query and body arrived unchanged.
-
-None of these answers holds anything from the environment or the command line beyond
-the model name.
-"""
+"""Routes at runtimes' own paths, which vramd reaches through ``/upstream`` and route maps."""
 
 from __future__ import annotations
 
@@ -44,7 +32,19 @@ def _slot(index: int, opts: Options, busy: bool = False, held: int = 0) -> dict[
 
 def slots(runtime: Runtime) -> Reply:
     """One entry per ``--parallel`` slot: busy while requests run in it, holding their
-    tokens; idle ones that cache a prompt say how many tokens it has."""
+    tokens; idle ones that cache a prompt say how many tokens it has.
+
+    llama.cpp's server answers ``GET /slots``, ``GET /props`` and ``POST /tokenize``; clients
+    and web UIs call them through vramd's ``/upstream/{service}/{path}`` pass-through. With
+    ``--native-routes`` the demo also answers where other runtimes do their work, so a test
+    can prove that a service's ``routes:`` map sent a request there: text-embeddings-
+    inference reranks at ``POST /rerank``, whisper.cpp's server transcribes at
+    ``POST /inference``. ``/debug/echo`` answers any method with what it received, so a
+    pass-through test can see that method, query and body arrived unchanged.
+
+    None of these answers holds anything from the environment or the command line beyond
+    the model name.
+    """
     opts = runtime.opts
     return json_reply([_slot(view.id, opts, view.busy, view.held) for view in runtime.slots.view()])
 

@@ -2,83 +2,6 @@
 
 Run it as ``python -m service.demo_runtime --port P [flags]``. It runs anywhere, without
 a GPU or model weights; ``parse_args`` turns the flags below into one frozen ``Options``.
-
-Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
-
-    --port N                 port to listen on (required)
-    --host H                 address to listen on (default 127.0.0.1)
-    --model NAME             model name served; repeatable or comma-separated (default demo)
-    --memory SIZE            memory to allocate and touch while loading (default 0)
-    --load-seconds S         time from start until /health answers 200 (default 0)
-    --never-ready            listen, but /health stays 503 forever
-    --ok-while-loading       /health answers 200 {"status": "loading model"} until loaded,
-                             as early llama.cpp servers did (inference still 503s)
-    --fail-start             print a CUDA out-of-memory error to stderr and exit 1
-    --ignore-sigterm         ignore SIGTERM; only SIGKILL ends the process
-    --crash-after N          os._exit(3) part-way through inference request N (1-based)
-    --oom-after N            answer inference requests N and later with a CUDA OOM 500
-    --hang                   /health is fine but inference requests never answer
-    --leak-per-request SIZE  each inference request allocates SIZE that is never freed
-    --leak-limit SIZE        stop leaking once this much has leaked (a plateau)
-    --sleep-mode             vLLM's dev-mode sleep routes: POST /sleep?level=1 frees
-                             --memory (the "weights" leave the device), POST /wake_up
-                             takes it back, GET /is_sleeping says which
-    --sleep-keeps-memory     with --sleep-mode: /sleep answers success and frees
-                             nothing, as vLLM's CPU build does
-    --latency-ms MS          added latency before each inference reply (default 0)
-    --chunks N               words per reply, one per streamed chunk (default 5)
-    --chunk-delay-ms MS      delay between streamed events (default 20), the framing
-                             events of Responses and Messages streams included
-    --workers N              fork N helper processes, as multi-process runtimes do
-    --worker-memory SIZE     memory each helper allocates and touches (default 0)
-    --parallel N             llama.cpp's slots: GET /slots lists N, /props says N
-                             (default 1); requests are not limited to N, only reported.
-                             Each slot caches the prompt it last processed; a request
-                             takes the idle slot sharing the longest prefix with its
-                             prompt (over a tenth of it; else the least recently used
-                             idle slot) and re-uses that prefix: ``timings.cache_n`` in
-                             chat and completions answers (see ``slots``)
-    --prompt-ms-per-token F  prompt processing time: sleep F ms per prompt token the
-                             slot's cache did not hold (default 0), so a benchmark sees
-                             the prefill a cached or restored prompt saves
-    --slot-save-path DIR     enable llama.cpp's POST /slots/{id}?action=save|restore|erase
-                             with {"filename": NAME} inside DIR, an existing directory
-                             (without it, slot actions answer 501)
-    --state-bytes-per-token SIZE  size of a saved slot per token (default 4096), so state
-                             files grow with their prompts as KV-cache dumps do
-    --slot-restore MODE      works (default); noop: restore answers success but leaves
-                             the slot's cache as it was; error: restore answers 500;
-                             hang: restore never answers (other requests still do)
-    --native-routes          also answer at runtimes' own paths, as a route map sends
-                             requests there: POST /rerank (text-embeddings-inference)
-                             and POST /inference (whisper.cpp's server); /v1/rerank and
-                             /v1/audio/transcriptions then answer 404
-
-Simulated GPUs (``service.simgpu``; the state named by VRAMD_SIMULATED_GPUS):
-
-    --gpu-memory SIZE        device memory to allocate at the end of loading, on the
-                             devices CUDA_VISIBLE_DEVICES shows (cuda:0 alone when it is
-                             unset), numbered as CUDA numbers them: fastest first unless
-                             CUDA_DEVICE_ORDER=PCI_BUS_ID. Out of memory (free memory or
-                             the largest free block): CUDA's lines on stderr, exit 1
-    --gpu-split W,W          shares of --gpu-memory per device, e.g. 0.6,0.4 (default
-                             even over the devices used)
-    --gpu-leak-per-request SIZE  device memory each inference request adds for good
-                             (split the same way); once it no longer fits, requests
-                             answer 500 with CUDA's out-of-memory message
-
-Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/completions,
-/v1/completions, /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings,
-/v1/images/generations, /v1/images/edits, /v1/audio/transcriptions,
-/v1/audio/translations, /v1/audio/speech and /v1/rerank (with --native-routes: /rerank and
-/inference instead of /v1/rerank and /v1/audio/transcriptions). llama.cpp's own routes,
-answered once loaded: GET /slots, GET /props, POST /tokenize, POST
-/v1/messages/count_tokens, and POST /slots/{id}?action=save|restore|erase (with
---slot-save-path). Other routes: GET /health, GET /v1/models, GET /metrics, and
-/debug/echo (any method: answers the method, path, query, body and content-type it got)
-and, with simulated GPU memory, GET /debug/gpu (the devices it allocated on, and bytes).
-It logs a startup line and one line per request (``METHOD PATH STATUS``) to stdout.
-SIGTERM or SIGINT stops it with exit code 0.
 """
 
 from __future__ import annotations
@@ -94,6 +17,84 @@ RESTORE_MODES = ("works", "noop", "error", "hang")  # --slot-restore
 
 @dataclass(frozen=True)
 class Options:
+    """Flags (sizes accept ``200MiB``, ``1GiB`` or bytes; see ``service.units``):
+
+        --port N                 port to listen on (required)
+        --host H                 address to listen on (default 127.0.0.1)
+        --model NAME             model name served; repeatable or comma-separated (default demo)
+        --memory SIZE            memory to allocate and touch while loading (default 0)
+        --load-seconds S         time from start until /health answers 200 (default 0)
+        --never-ready            listen, but /health stays 503 forever
+        --ok-while-loading       /health answers 200 {"status": "loading model"} until loaded,
+                                 as early llama.cpp servers did (inference still 503s)
+        --fail-start             print a CUDA out-of-memory error to stderr and exit 1
+        --ignore-sigterm         ignore SIGTERM; only SIGKILL ends the process
+        --crash-after N          os._exit(3) part-way through inference request N (1-based)
+        --oom-after N            answer inference requests N and later with a CUDA OOM 500
+        --hang                   /health is fine but inference requests never answer
+        --leak-per-request SIZE  each inference request allocates SIZE that is never freed
+        --leak-limit SIZE        stop leaking once this much has leaked (a plateau)
+        --sleep-mode             vLLM's dev-mode sleep routes: POST /sleep?level=1 frees
+                                 --memory (the "weights" leave the device), POST /wake_up
+                                 takes it back, GET /is_sleeping says which
+        --sleep-keeps-memory     with --sleep-mode: /sleep answers success and frees
+                                 nothing, as vLLM's CPU build does
+        --latency-ms MS          added latency before each inference reply (default 0)
+        --chunks N               words per reply, one per streamed chunk (default 5)
+        --chunk-delay-ms MS      delay between streamed events (default 20), the framing
+                                 events of Responses and Messages streams included
+        --workers N              fork N helper processes, as multi-process runtimes do
+        --worker-memory SIZE     memory each helper allocates and touches (default 0)
+        --parallel N             llama.cpp's slots: GET /slots lists N, /props says N
+                                 (default 1); requests are not limited to N, only reported.
+                                 Each slot caches the prompt it last processed; a request
+                                 takes the idle slot sharing the longest prefix with its
+                                 prompt (over a tenth of it; else the least recently used
+                                 idle slot) and re-uses that prefix: ``timings.cache_n`` in
+                                 chat and completions answers (see ``slots``)
+        --prompt-ms-per-token F  prompt processing time: sleep F ms per prompt token the
+                                 slot's cache did not hold (default 0), so a benchmark sees
+                                 the prefill a cached or restored prompt saves
+        --slot-save-path DIR     enable llama.cpp's POST /slots/{id}?action=save|restore|erase
+                                 with {"filename": NAME} inside DIR, an existing directory
+                                 (without it, slot actions answer 501)
+        --state-bytes-per-token SIZE  size of a saved slot per token (default 4096), so state
+                                 files grow with their prompts as KV-cache dumps do
+        --slot-restore MODE      works (default); noop: restore answers success but leaves
+                                 the slot's cache as it was; error: restore answers 500;
+                                 hang: restore never answers (other requests still do)
+        --native-routes          also answer at runtimes' own paths, as a route map sends
+                                 requests there: POST /rerank (text-embeddings-inference)
+                                 and POST /inference (whisper.cpp's server); /v1/rerank and
+                                 /v1/audio/transcriptions then answer 404
+
+    Simulated GPUs (``service.simgpu``; the state named by VRAMD_SIMULATED_GPUS):
+
+        --gpu-memory SIZE        device memory to allocate at the end of loading, on the
+                                 devices CUDA_VISIBLE_DEVICES shows (cuda:0 alone when it is
+                                 unset), numbered as CUDA numbers them: fastest first unless
+                                 CUDA_DEVICE_ORDER=PCI_BUS_ID. Out of memory (free memory or
+                                 the largest free block): CUDA's lines on stderr, exit 1
+        --gpu-split W,W          shares of --gpu-memory per device, e.g. 0.6,0.4 (default
+                                 even over the devices used)
+        --gpu-leak-per-request SIZE  device memory each inference request adds for good
+                                 (split the same way); once it no longer fits, requests
+                                 answer 500 with CUDA's out-of-memory message
+
+    Inference routes (each counts toward --crash-after and --oom-after): /v1/chat/completions,
+    /v1/completions, /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings,
+    /v1/images/generations, /v1/images/edits, /v1/audio/transcriptions,
+    /v1/audio/translations, /v1/audio/speech and /v1/rerank (with --native-routes: /rerank and
+    /inference instead of /v1/rerank and /v1/audio/transcriptions). llama.cpp's own routes,
+    answered once loaded: GET /slots, GET /props, POST /tokenize, POST
+    /v1/messages/count_tokens, and POST /slots/{id}?action=save|restore|erase (with
+    --slot-save-path). Other routes: GET /health, GET /v1/models, GET /metrics, and
+    /debug/echo (any method: answers the method, path, query, body and content-type it got)
+    and, with simulated GPU memory, GET /debug/gpu (the devices it allocated on, and bytes).
+    It logs a startup line and one line per request (``METHOD PATH STATUS``) to stdout.
+    SIGTERM or SIGINT stops it with exit code 0.
+    """
+
     port: int
     host: str = "127.0.0.1"
     models: tuple[str, ...] = ("demo",)

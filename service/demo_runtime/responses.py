@@ -1,16 +1,4 @@
-"""OpenAI's Responses API (``POST /v1/responses``), answered as OpenAI and llama.cpp do.
-
-The reply is one assistant message with one ``output_text`` part holding the demo text.
-Streamed (``"stream": true``), it is OpenAI's event sequence, each event named by its
-``type`` and numbered by ``sequence_number`` from 0::
-
-    response.created, response.in_progress, response.output_item.added,
-    response.content_part.added, response.output_text.delta (one per chunk),
-    response.output_text.done, response.content_part.done, response.output_item.done,
-    response.completed
-
-The demo keeps no state: ``previous_response_id`` and ``store`` are accepted and ignored.
-"""
+"""OpenAI's Responses API (``POST /v1/responses``), answered as OpenAI and llama.cpp do."""
 
 from __future__ import annotations
 
@@ -24,6 +12,17 @@ from service.demo_runtime.text import content_words, model_name, reply_pieces
 
 
 def create(payload: dict[str, Any], opts: Options) -> Reply:
+    """The reply is one assistant message with one ``output_text`` part holding the demo text.
+    Streamed (``"stream": true``), it is OpenAI's event sequence, each event named by its
+    ``type`` and numbered by ``sequence_number`` from 0::
+
+        response.created, response.in_progress, response.output_item.added,
+        response.content_part.added, response.output_text.delta (one per chunk),
+        response.output_text.done, response.content_part.done, response.output_item.done,
+        response.completed
+
+    The demo keeps no state: ``previous_response_id`` and ``store`` are accepted and ignored.
+    """
     prompt = payload.get("input")
     if not isinstance(prompt, (str, list)):
         raise ApiError(400, "'input' is required and must be a string or a list of items")

@@ -1,17 +1,4 @@
-"""The HTTP side: a threading server and the handler that reads, misbehaves and replies.
-
-The handler is where the misbehaviour flags act on a request: ``--hang`` never answers,
-``--latency-ms`` waits, ``--leak-per-request`` leaks (``--gpu-leak-per-request`` on the
-simulated GPU, answering CUDA's out-of-memory error once it does not fit), ``--oom-after``
-answers with a CUDA out-of-memory error and ``--crash-after`` exits part-way through the
-reply. Each inference request takes a llama.cpp slot (``slots``) for its prompt, sleeps
-``--prompt-ms-per-token`` for the part the slot had not cached, and chat and completions
-answers carry llama-server's ``timings``; ``POST /slots/{id}`` runs slot actions
-(``slot_actions``). Bodies
-arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
-as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
-``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
-"""
+"""The HTTP side: a threading server and the handler that reads, misbehaves and replies."""
 
 from __future__ import annotations
 
@@ -44,6 +31,19 @@ GPU_PATH = "/debug/gpu"  # answered only with simulated GPU memory (--gpu-memory
 
 
 class DemoServer(ThreadingHTTPServer):
+    """The handler is where the misbehaviour flags act on a request: ``--hang`` never answers,
+    ``--latency-ms`` waits, ``--leak-per-request`` leaks (``--gpu-leak-per-request`` on the
+    simulated GPU, answering CUDA's out-of-memory error once it does not fit), ``--oom-after``
+    answers with a CUDA out-of-memory error and ``--crash-after`` exits part-way through the
+    reply. Each inference request takes a llama.cpp slot (``slots``) for its prompt, sleeps
+    ``--prompt-ms-per-token`` for the part the slot had not cached, and chat and completions
+    answers carry llama-server's ``timings``; ``POST /slots/{id}`` runs slot actions
+    (``slot_actions``). Bodies
+    arrive with a Content-Length or chunked, as proxies send them; streamed replies go out
+    as chunked SSE. Errors take the shape of the API the path belongs to (``paths``), and
+    ``/debug/echo`` takes any method, so pass-through tests can send PUT or DELETE.
+    """
+
     daemon_threads = True  # a hung or streaming handler must not hold up exit
 
     def __init__(self, runtime: Runtime) -> None:

@@ -1,27 +1,4 @@
-"""llama.cpp's ``POST /slots/{id}?action=save|restore|erase``: a slot's prompt cache on disk.
-
-Enabled by ``--slot-save-path DIR``, as in llama-server; without it every action answers
-501 ``not_supported_error``. Save and restore take ``{"filename": "name.bin"}``, a plain
-name inside DIR (llama.cpp's ``fs_validate_filename``: no separators, no ``..``). The
-checks run in llama-server's order: the path's slot id must be a number, the action one
-of the three, the filename valid, and only then the slot must exist. An action on a busy
-slot waits until the slot is idle, as llama-server defers the task.
-
-A state file is a 16-byte header (``DEMOSLOT``, version, token count), the tokens as
-little-endian 32-bit ids, then padding, so that it is ``n_tokens * --state-bytes-per-
-token`` bytes long (the header at least) as a real KV-cache dump grows with its tokens.
-The answers are llama-server's (``server_task_result_slot_save_load``): save
-``{id_slot, filename, n_saved, n_written, timings: {save_ms}}``, restore ``{id_slot,
-filename, n_restored, n_read, timings: {restore_ms}}``, erase ``{id_slot, n_erased}``.
-
-An action holds the slot cache's lock while it reads or writes, so requests wait for it
-to finish, as llama-server's single task loop does nothing else meanwhile.
-
-``--slot-restore`` makes restore misbehave: ``noop`` reads the file and answers success
-but leaves the slot as it was (the llama.cpp failure where a restore reports success and
-did nothing; a missing or corrupt file still fails), ``error`` answers 500, ``hang`` never
-answers (without holding the lock: the rest of the runtime goes on).
-"""
+"""llama.cpp's ``POST /slots/{id}?action=save|restore|erase``: a slot's prompt cache on disk."""
 
 from __future__ import annotations
 
@@ -50,7 +27,30 @@ FORBIDDEN = frozenset(':*?"<>|\\/' + "\ufeff\ufffd\uff0e\u2215\u2216")
 
 
 def handle(runtime: Runtime, target: str, body: bytes) -> Reply:
-    """Answer ``POST /slots/{id}?action=...`` (``target`` is the request's path and query)."""
+    """Answer ``POST /slots/{id}?action=...`` (``target`` is the request's path and query).
+
+    Enabled by ``--slot-save-path DIR``, as in llama-server; without it every action answers
+    501 ``not_supported_error``. Save and restore take ``{"filename": "name.bin"}``, a plain
+    name inside DIR (llama.cpp's ``fs_validate_filename``: no separators, no ``..``). The
+    checks run in llama-server's order: the path's slot id must be a number, the action one
+    of the three, the filename valid, and only then the slot must exist. An action on a busy
+    slot waits until the slot is idle, as llama-server defers the task.
+
+    A state file is a 16-byte header (``DEMOSLOT``, version, token count), the tokens as
+    little-endian 32-bit ids, then padding, so that it is ``n_tokens * --state-bytes-per-
+    token`` bytes long (the header at least) as a real KV-cache dump grows with its tokens.
+    The answers are llama-server's (``server_task_result_slot_save_load``): save
+    ``{id_slot, filename, n_saved, n_written, timings: {save_ms}}``, restore ``{id_slot,
+    filename, n_restored, n_read, timings: {restore_ms}}``, erase ``{id_slot, n_erased}``.
+
+    An action holds the slot cache's lock while it reads or writes, so requests wait for it
+    to finish, as llama-server's single task loop does nothing else meanwhile.
+
+    ``--slot-restore`` makes restore misbehave: ``noop`` reads the file and answers success
+    but leaves the slot as it was (the llama.cpp failure where a restore reports success and
+    did nothing; a missing or corrupt file still fails), ``error`` answers 500, ``hang`` never
+    answers (without holding the lock: the rest of the runtime goes on).
+    """
     opts = runtime.opts
     if opts.slot_save_path is None:
         raise ApiError(501, NOT_SUPPORTED, "not_supported_error")

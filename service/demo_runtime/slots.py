@@ -1,23 +1,4 @@
-"""llama.cpp's slots: the prompt each one keeps cached, the slot a request takes, timings.
-
-Each of the ``--parallel`` slots keeps the tokens of the last prompt it processed (the
-prompt only, not the reply: a follow-up repeats the reply after an assistant marker, so
-the prompt is the prefix it can share). An inference request takes the idle slot whose
-cached tokens share the longest common prefix with its prompt, the lowest id on a tie, as
-long as that prefix is over a tenth of the prompt (llama-server's default
-``--slot-prompt-similarity 0.1``); otherwise the least recently used idle slot, the
-lowest id among those never used (llama.cpp then takes the highest). The request re-uses
-the common prefix (``cache_n``) and processes the rest (``prompt_n``), at least one token,
-as llama.cpp must to get logits. Once answered (an error answer changes nothing) the slot
-holds the new prompt. The demo does not queue requests beyond ``--parallel``: a request
-that finds no idle slot shares the least crowded busy one, re-uses nothing and leaves its
-cache alone, so the busy slots of ``GET /slots`` still hold every request in flight.
-
-``SlotCache.act`` runs a slot action (save, restore, erase: ``slot_actions``) once the slot
-is idle, as llama.cpp defers such a task while the slot works. ``with_timings`` adds
-llama-server's ``timings`` object to a chat or completions answer (to the last data chunk
-of a stream).
-"""
+"""llama.cpp's slots: the prompt each one keeps cached, the slot a request takes, timings."""
 
 from __future__ import annotations
 
@@ -81,7 +62,26 @@ def common_prefix(left: list[int], right: list[int]) -> int:
 
 
 class SlotCache:
-    """The slots of one runtime; every change happens under one condition's lock."""
+    """The slots of one runtime; every change happens under one condition's lock.
+
+    Each of the ``--parallel`` slots keeps the tokens of the last prompt it processed (the
+    prompt only, not the reply: a follow-up repeats the reply after an assistant marker, so
+    the prompt is the prefix it can share). An inference request takes the idle slot whose
+    cached tokens share the longest common prefix with its prompt, the lowest id on a tie, as
+    long as that prefix is over a tenth of the prompt (llama-server's default
+    ``--slot-prompt-similarity 0.1``); otherwise the least recently used idle slot, the
+    lowest id among those never used (llama.cpp then takes the highest). The request re-uses
+    the common prefix (``cache_n``) and processes the rest (``prompt_n``), at least one token,
+    as llama.cpp must to get logits. Once answered (an error answer changes nothing) the slot
+    holds the new prompt. The demo does not queue requests beyond ``--parallel``: a request
+    that finds no idle slot shares the least crowded busy one, re-uses nothing and leaves its
+    cache alone, so the busy slots of ``GET /slots`` still hold every request in flight.
+
+    ``SlotCache.act`` runs a slot action (save, restore, erase: ``slot_actions``) once the slot
+    is idle, as llama.cpp defers such a task while the slot works. ``with_timings`` adds
+    llama-server's ``timings`` object to a chat or completions answer (to the last data chunk
+    of a stream).
+    """
 
     def __init__(self, count: int, n_ctx: int) -> None:
         self.n_ctx = n_ctx

@@ -4,9 +4,6 @@ llama.cpp's slots and the prompt each one caches are ``slots`` (a ``SlotCache``)
 
 Device memory on simulated GPUs (``--gpu-memory``) is ``gpu``, set once loading has
 allocated it; sleep gives its weights back and waking takes them again.
-
-One ``Runtime`` per process. Its counters feed the ``/metrics`` page, under the names
-llama.cpp's server publishes (``llamacpp:kv_cache_usage_ratio`` and the rest).
 """
 
 from __future__ import annotations
@@ -27,7 +24,11 @@ CONTEXT_TOKENS = 4096  # the pretend KV cache size behind the llamacpp:kv_cache_
 
 
 class Runtime:
-    """State shared by the handler threads; counters change under one lock."""
+    """State shared by the handler threads; counters change under one lock.
+
+    One ``Runtime`` per process. Its counters feed the ``/metrics`` page, under the names
+    llama.cpp's server publishes (``llamacpp:kv_cache_usage_ratio`` and the rest).
+    """
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts

@@ -4,11 +4,6 @@ Chat, completions, the Responses API and the Messages API all answer "demo reply
 (for the default five ``--chunks``), so a test can assert on the text whichever API a
 client speaks. Token counts are words, which is all the usage figures need. The request
 helpers here read the fields those routes share.
-
-Tokens are words too, each with a fixed id from a hash (``token_id``, what ``/tokenize``
-answers); ``prompt_tokens`` turns a request's prompt into the token list a llama.cpp slot
-caches: a chat's messages in order, each one's role as a marker token (``<|user|>``)
-before its words, so a follow-up that repeats a conversation extends its prefix.
 """
 
 from __future__ import annotations
@@ -48,6 +43,11 @@ def count_words(value: object) -> int:
 
 
 def token_id(word: str) -> int:
+    """Tokens are words too, each with a fixed id from a hash (``token_id``, what ``/tokenize``
+    answers); ``prompt_tokens`` turns a request's prompt into the token list a llama.cpp slot
+    caches: a chat's messages in order, each one's role as a marker token (``<|user|>``)
+    before its words, so a follow-up that repeats a conversation extends its prefix.
+    """
     digest = hashlib.sha256(word.encode()).digest()
     return FIRST_TOKEN + int.from_bytes(digest[:4], "big") % (VOCABULARY - FIRST_TOKEN)
 

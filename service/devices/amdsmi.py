@@ -3,64 +3,6 @@
 Per GPU it reports total/used/free and what each instance's process tree holds there
 (summed over the tree's pids from ``amdsmi_get_gpu_process_list``); ``foreign`` is what
 is left. Each instance's host memory is sampled beside it (PSS of the tree), as on NVML.
-
-**Discrete cards and APUs count differently.** A discrete card's memory is its VRAM:
-``amdsmi_get_gpu_memory_total/usage(handle, AmdSmiMemoryType.VRAM)``, and a process's
-footprint is its ``vram_mem``. On an APU (Ryzen AI, Strix Halo: unified memory) the VRAM
-amdsmi reports is only the carve-out the firmware set aside (often 512 MiB to a few GiB),
-while the runtime's allocations live mostly in GTT, system RAM mapped for the GPU, which
-the driver hands out in place of the carve-out once it is full. A budget of the carve-out
-alone would say a 128 GiB machine has room for nothing. So on an APU the device's total
-is VRAM + GTT total, ``used`` is VRAM + GTT used, and a process's footprint is
-``vram_mem + gtt_mem``. GTT is only a ceiling on ordinary RAM that the CPU's processes
-share: its free part is capped at the host's available memory, so memory held by CPU
-programs makes the device's ``free`` (and the ledger's view of what fits) smaller, as it
-does for the runtime. ``used + free`` can then be below ``total``.
-
-**Telling them apart.** The kernel knows (``AMD_IS_APU``), but amdsmi does not pass that
-flag on. The rule here, decided once per GPU when the probe opens it:
-
-1. ``amdsmi_get_gpu_vram_info(handle)["vram_type"]``: system DRAM (DDR2-5, LPDDR4/5) is
-   an APU, whose "VRAM" is a slice of the machine's RAM; GDDR and HBM are a discrete
-   card. This is what the memory is, not a guess from its size, so a Strix Halo whose
-   firmware carves out 96 GiB is still an APU.
-2. Where the type is unknown (older amdsmi releases lack the DDR5 and LPDDR values and
-   report ``UNKNOWN`` for them, or the call fails): an APU when the VRAM is at most
-   ``CARVE_OUT_MAX`` and smaller than GTT, the carve-out's shape. No ROCm-capable
-   discrete card has that little VRAM; a wrong "discrete" verdict (a large carve-out of
-   unknown type) undercounts, which is the safe side.
-
-The verdict is logged per GPU at startup.
-
-**Placement.** ``placement_env`` sets ``ROCR_VISIBLE_DEVICES`` alone. ROCr is the layer
-below HIP, and HIP numbers what ROCr left visible: setting ``HIP_VISIBLE_DEVICES`` as
-well would filter twice, and ROCr and HIP may even order GPUs differently (ROCr groups
-GPUs of one architecture), so the same number in both can select nothing. Each GPU is
-named by its ROCm UUID (``GPU-<hex>``, ``hip_uuid`` from
-``amdsmi_get_gpu_enumeration_info``, ROCm 6.4 and later), which ROCr accepts in place
-of an index and which does not depend on any enumeration order. Where no UUID is to be
-had (older ROCm, or a GPU without a unique id) the GPU is named by its amdsmi index,
-which assumes amdsmi and ROCr number GPUs alike (they do on a machine whose GPUs are one
-model); the probe logs that assumption once. A service whose ``env`` selects devices
-itself (``ROCR_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``, or ``CUDA_VISIBLE_DEVICES``,
-which HIP honours too) is filtered by both, so such a service should set
-``ROCR_VISIBLE_DEVICES`` (which then replaces this one) and nothing else.
-
-**Library versions.** ROCm 6.1 and later return one dict per process (``pid``,
-``memory_usage`` with ``gtt_mem``, ``cpu_mem``, ``vram_mem`` in bytes); the 5.7/6.0
-bindings returned process handles (a ``c_uint32`` holding the pid) to pass to
-``amdsmi_get_gpu_process_info``, which returns the same dict. Both are read. The init
-flag is ``AmdSmiInitFlags.INIT_AMD_GPUS`` (``AMD_GPUS`` in 5.x).
-
-Failure policy, as on NVML: amdsmi failing to start at all raises ``AmdsmiUnavailable``
-(``create_probe`` then tries the next backend in ``auto``). After a good start nothing
-raises: a failed read returns the last good device figures with ``degraded`` saying why,
-and the next good read recovers. Per-process memory amdsmi cannot report (a process list
-refused with ``NOT_SUPPORTED``/``NO_PERM``, a field that reads ``N/A``, a process whose
-info cannot be read) makes attribution partial: the reading says so in ``degraded`` and
-that memory counts as foreign rather than guessed. Without the rights to read another
-user's ``/proc/PID/fdinfo``, amdsmi reports such processes' GTT as 0: vramd's own
-runtimes run as the daemon's user, so their figures stay whole.
 """
 
 from __future__ import annotations
@@ -127,6 +69,64 @@ class AmdsmiProbe:
 
     ``host_available`` answers the host's available memory, which caps an APU's free
     GTT (tests pass a fixed figure; the default asks psutil).
+
+    **Discrete cards and APUs count differently.** A discrete card's memory is its VRAM:
+    ``amdsmi_get_gpu_memory_total/usage(handle, AmdSmiMemoryType.VRAM)``, and a process's
+    footprint is its ``vram_mem``. On an APU (Ryzen AI, Strix Halo: unified memory) the VRAM
+    amdsmi reports is only the carve-out the firmware set aside (often 512 MiB to a few GiB),
+    while the runtime's allocations live mostly in GTT, system RAM mapped for the GPU, which
+    the driver hands out in place of the carve-out once it is full. A budget of the carve-out
+    alone would say a 128 GiB machine has room for nothing. So on an APU the device's total
+    is VRAM + GTT total, ``used`` is VRAM + GTT used, and a process's footprint is
+    ``vram_mem + gtt_mem``. GTT is only a ceiling on ordinary RAM that the CPU's processes
+    share: its free part is capped at the host's available memory, so memory held by CPU
+    programs makes the device's ``free`` (and the ledger's view of what fits) smaller, as it
+    does for the runtime. ``used + free`` can then be below ``total``.
+
+    **Telling them apart.** The kernel knows (``AMD_IS_APU``), but amdsmi does not pass that
+    flag on. The rule here, decided once per GPU when the probe opens it:
+
+    1. ``amdsmi_get_gpu_vram_info(handle)["vram_type"]``: system DRAM (DDR2-5, LPDDR4/5) is
+       an APU, whose "VRAM" is a slice of the machine's RAM; GDDR and HBM are a discrete
+       card. This is what the memory is, not a guess from its size, so a Strix Halo whose
+       firmware carves out 96 GiB is still an APU.
+    2. Where the type is unknown (older amdsmi releases lack the DDR5 and LPDDR values and
+       report ``UNKNOWN`` for them, or the call fails): an APU when the VRAM is at most
+       ``CARVE_OUT_MAX`` and smaller than GTT, the carve-out's shape. No ROCm-capable
+       discrete card has that little VRAM; a wrong "discrete" verdict (a large carve-out of
+       unknown type) undercounts, which is the safe side.
+
+    The verdict is logged per GPU at startup.
+
+    **Placement.** ``placement_env`` sets ``ROCR_VISIBLE_DEVICES`` alone. ROCr is the layer
+    below HIP, and HIP numbers what ROCr left visible: setting ``HIP_VISIBLE_DEVICES`` as
+    well would filter twice, and ROCr and HIP may even order GPUs differently (ROCr groups
+    GPUs of one architecture), so the same number in both can select nothing. Each GPU is
+    named by its ROCm UUID (``GPU-<hex>``, ``hip_uuid`` from
+    ``amdsmi_get_gpu_enumeration_info``, ROCm 6.4 and later), which ROCr accepts in place
+    of an index and which does not depend on any enumeration order. Where no UUID is to be
+    had (older ROCm, or a GPU without a unique id) the GPU is named by its amdsmi index,
+    which assumes amdsmi and ROCr number GPUs alike (they do on a machine whose GPUs are one
+    model); the probe logs that assumption once. A service whose ``env`` selects devices
+    itself (``ROCR_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``, or ``CUDA_VISIBLE_DEVICES``,
+    which HIP honours too) is filtered by both, so such a service should set
+    ``ROCR_VISIBLE_DEVICES`` (which then replaces this one) and nothing else.
+
+    **Library versions.** ROCm 6.1 and later return one dict per process (``pid``,
+    ``memory_usage`` with ``gtt_mem``, ``cpu_mem``, ``vram_mem`` in bytes); the 5.7/6.0
+    bindings returned process handles (a ``c_uint32`` holding the pid) to pass to
+    ``amdsmi_get_gpu_process_info``, which returns the same dict. Both are read. The init
+    flag is ``AmdSmiInitFlags.INIT_AMD_GPUS`` (``AMD_GPUS`` in 5.x).
+
+    Failure policy, as on NVML: amdsmi failing to start at all raises ``AmdsmiUnavailable``
+    (``create_probe`` then tries the next backend in ``auto``). After a good start nothing
+    raises: a failed read returns the last good device figures with ``degraded`` saying why,
+    and the next good read recovers. Per-process memory amdsmi cannot report (a process list
+    refused with ``NOT_SUPPORTED``/``NO_PERM``, a field that reads ``N/A``, a process whose
+    info cannot be read) makes attribution partial: the reading says so in ``degraded`` and
+    that memory counts as foreign rather than guessed. Without the rights to read another
+    user's ``/proc/PID/fdinfo``, amdsmi reports such processes' GTT as 0: vramd's own
+    runtimes run as the daemon's user, so their figures stay whole.
     """
 
     backend: str = "amdsmi"

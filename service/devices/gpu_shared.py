@@ -2,11 +2,6 @@
 
 ``selected`` turns ``device.gpus`` into the indexes to open, with the same errors for
 every driver library.
-
-Both probes share one failure policy (``nvml`` module docstring): after a good start
-nothing raises; a read that fails returns the last good device figures, with
-``degraded`` saying why, and the next good read recovers. ``LastGood`` keeps those
-figures and says each change of state once in the log, not once per sample.
 """
 
 from __future__ import annotations
@@ -38,7 +33,13 @@ def selected(gpus: Sequence[int] | Literal["all"], count: int, library: str) -> 
 
 
 class LastGood:
-    """``library`` names the driver library in messages (``NVML``, ``amdsmi``)."""
+    """``library`` names the driver library in messages (``NVML``, ``amdsmi``).
+
+    Both probes share one failure policy (``nvml`` module docstring): after a good start
+    nothing raises; a read that fails returns the last good device figures, with
+    ``degraded`` saying why, and the next good read recovers. ``LastGood`` keeps those
+    figures and says each change of state once in the log, not once per sample.
+    """
 
     def __init__(self, library: str) -> None:
         self._library = library

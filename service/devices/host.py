@@ -3,11 +3,6 @@
 This is what the demo and the tests run against (docs/policy.md, "No GPU: host memory
 and the demo runtime"): runtimes there are real processes holding real memory, so the
 budget arithmetic is exercised end to end.
-
-The device's ``free`` is the kernel's *available* figure, not its *free* one: page cache
-and reclaimable slabs are handed back on demand, so counting them as used would make
-every long-running machine look full. ``used = total - available`` follows from it, and
-``foreign`` (what other programs hold) is ``used`` less our instances' footprints.
 """
 
 from __future__ import annotations
@@ -21,7 +16,13 @@ from service.domain import DeviceSnapshot, InstanceMemory, ProbeReading
 
 
 class HostProbe:
-    """One device (index 0, ``"host"``); an instance's footprint is its tree's PSS."""
+    """One device (index 0, ``"host"``); an instance's footprint is its tree's PSS.
+
+    The device's ``free`` is the kernel's *available* figure, not its *free* one: page cache
+    and reclaimable slabs are handed back on demand, so counting them as used would make
+    every long-running machine look full. ``used = total - available`` follows from it, and
+    ``foreign`` (what other programs hold) is ``used`` less our instances' footprints.
+    """
 
     backend: str = "host"
 

@@ -4,22 +4,6 @@ Per GPU it reports total/used/free and what each instance's process tree holds t
 (the sum of ``usedGpuMemory`` over the tree's pids, from both the compute and the
 graphics process lists); ``foreign`` is what is left. Each instance's host memory is
 sampled beside it (PSS of the tree), since host-side creep is invisible on the GPU.
-
-Why ``nvmlDeviceGetMemoryInfo_v2``: on current drivers v1 reports ``used = total - free``,
-which includes the memory the driver and firmware reserve for themselves. That reserve
-would then look like a foreign process holding memory. v2 reports it apart, and since no
-process can ever get it, the snapshot's ``total`` is the usable ``total - reserved``, so
-``used + free == total`` here as on the host backend and the budget never hands the
-reserve out. Where v2 is missing (older driver or binding) the probe falls back to v1 for
-good: slightly pessimistic, still correct.
-
-Failure policy: NVML failing to start at all raises ``NvmlUnavailable`` (``create_probe``
-then falls back to the host probe in ``auto``). After a good start nothing raises: a
-failed read (GPU lost, driver hiccup) returns the last good device figures with
-``degraded`` saying why, and the next good read recovers. Per-process memory that NVML
-cannot report (``usedGpuMemory`` None, or a process list the GPU does not support) makes
-attribution partial: the reading says so in ``degraded`` and that memory counts as
-foreign rather than guessed.
 """
 
 from __future__ import annotations
@@ -53,7 +37,24 @@ class _Gpu:
 
 
 class NvmlProbe:
-    """Reads the selected GPUs; ``close()`` shuts NVML down once."""
+    """Reads the selected GPUs; ``close()`` shuts NVML down once.
+
+    Why ``nvmlDeviceGetMemoryInfo_v2``: on current drivers v1 reports ``used = total - free``,
+    which includes the memory the driver and firmware reserve for themselves. That reserve
+    would then look like a foreign process holding memory. v2 reports it apart, and since no
+    process can ever get it, the snapshot's ``total`` is the usable ``total - reserved``, so
+    ``used + free == total`` here as on the host backend and the budget never hands the
+    reserve out. Where v2 is missing (older driver or binding) the probe falls back to v1 for
+    good: slightly pessimistic, still correct.
+
+    Failure policy: NVML failing to start at all raises ``NvmlUnavailable`` (``create_probe``
+    then falls back to the host probe in ``auto``). After a good start nothing raises: a
+    failed read (GPU lost, driver hiccup) returns the last good device figures with
+    ``degraded`` saying why, and the next good read recovers. Per-process memory that NVML
+    cannot report (``usedGpuMemory`` None, or a process list the GPU does not support) makes
+    attribution partial: the reading says so in ``degraded`` and that memory counts as
+    foreign rather than guessed.
+    """
 
     backend: str = "nvml"
 

@@ -1,34 +1,4 @@
-"""Process trees and their host memory: which processes are one instance, and what they hold.
-
-An instance is the process its supervisor spawned (a process-group leader) plus whatever
-that process started. Runtimes fork workers (vLLM engine cores, Python multiprocessing,
-llama.cpp RPC servers), and a worker whose parent exits is re-parented to init: it drops
-out of ``children()`` while it still holds memory and still sits in the instance's process
-group. So a tree here is the root's descendants *and* the members of its process group
-(and their descendants). Both sets come from one pass over the process table per reading,
-rather than one ``psutil.Process.children(recursive=True)`` walk (itself a full scan) per
-instance.
-
-Host footprint is PSS (proportional set size) where the kernel offers it: a page shared by
-N processes counts 1/N to each, so forked workers that share copy-on-write pages, and the
-shared libraries every process maps, are counted once per tree instead of once per
-process as RSS would. RSS is the fallback where PSS is unavailable (not Linux) or access
-to ``smaps_rollup`` is denied (another user's process).
-
-Processes may exit at any moment between the scan and the measurement; a vanished process
-simply contributes nothing. Nothing here raises for that.
-
-What a reading costs, since one runs every ``device.sample_interval`` for the daemon's
-whole life: on Linux the scan reads ``/proc/PID/stat`` once per process (parent, process
-group and start time in one read; psutil's ``process_iter`` read it three times and
-``os.getpgid`` added a call). And reading PSS makes the kernel walk the process's page
-tables (~4 ms for a runtime holding 400 MiB, every sample, for every process of every
-tree), so ``Footprints`` keeps each process's last PSS and reads it again only when its
-RSS (``/proc/PID/statm``, one counter) has moved, or ``PSS_MAX_AGE_S`` has passed: a
-runtime that allocates or frees is measured afresh each sample, an idle one every few
-seconds. PSS can also move while RSS does not (a process sharing its pages starts or
-exits); the age bound is how stale that can be.
-"""
+"""Process trees and their host memory: which processes are one instance, and what they hold."""
 
 from __future__ import annotations
 
@@ -117,6 +87,35 @@ def sample_trees(
     Every key asked for is answered; a key whose processes are all gone gets
     ``TreeSample(pids=(), host_bytes=0)``. ``footprints`` (a probe's own) spares reading
     the PSS of processes whose memory has not moved; without it every PSS is read.
+
+    An instance is the process its supervisor spawned (a process-group leader) plus whatever
+    that process started. Runtimes fork workers (vLLM engine cores, Python multiprocessing,
+    llama.cpp RPC servers), and a worker whose parent exits is re-parented to init: it drops
+    out of ``children()`` while it still holds memory and still sits in the instance's process
+    group. So a tree here is the root's descendants *and* the members of its process group
+    (and their descendants). Both sets come from one pass over the process table per reading,
+    rather than one ``psutil.Process.children(recursive=True)`` walk (itself a full scan) per
+    instance.
+
+    Host footprint is PSS (proportional set size) where the kernel offers it: a page shared by
+    N processes counts 1/N to each, so forked workers that share copy-on-write pages, and the
+    shared libraries every process maps, are counted once per tree instead of once per
+    process as RSS would. RSS is the fallback where PSS is unavailable (not Linux) or access
+    to ``smaps_rollup`` is denied (another user's process).
+
+    Processes may exit at any moment between the scan and the measurement; a vanished process
+    simply contributes nothing. Nothing here raises for that.
+
+    What a reading costs, since one runs every ``device.sample_interval`` for the daemon's
+    whole life: on Linux the scan reads ``/proc/PID/stat`` once per process (parent, process
+    group and start time in one read; psutil's ``process_iter`` read it three times and
+    ``os.getpgid`` added a call). And reading PSS makes the kernel walk the process's page
+    tables (~4 ms for a runtime holding 400 MiB, every sample, for every process of every
+    tree), so ``Footprints`` keeps each process's last PSS and reads it again only when its
+    RSS (``/proc/PID/statm``, one counter) has moved, or ``PSS_MAX_AGE_S`` has passed: a
+    runtime that allocates or frees is measured afresh each sample, an idle one every few
+    seconds. PSS can also move while RSS does not (a process sharing its pages starts or
+    exits); the age bound is how stale that can be.
     """
     if not roots:
         return {}

@@ -1,35 +1,4 @@
-"""Check vramd's view of a real NVIDIA GPU: ``python -m service.gpucheck [--json]``.
-
-vramd's memory arithmetic stands on three things NVML must get right on *this* machine,
-driver and container setup: which process holds how much (per-pid ``usedGpuMemory``),
-that a stopped process's memory comes back (the settle barrier waits on it), and that
-memory vramd did not start shows up as foreign. The unit tests prove the code against a
-scripted NVML; this proves the machine. It starts child processes that allocate known
-amounts with PyTorch (or CuPy), reads them through the same ``NvmlProbe`` and the same
-``wait_settled`` barrier the daemon uses, and prints one row per check:
-
-    context        a child with only a CUDA context is listed under its own pid
-    attribution N  the child's footprint is its allocation plus that context
-    device used N  the device's ``used`` rose by the footprint (nothing unattributed)
-    process tree   memory held by a grandchild counts for the instance's root pid
-    foreign        memory of a process vramd was not told about is foreign, not managed
-    settle         after SIGKILL the pids leave NVML's list within the settle timeout,
-                   and the device's free memory comes back
-
-With ``VRAMD_SIMULATED_GPUS`` set it checks simulated GPUs (``service.simgpu``) the same
-way, its children allocating there instead of through torch or cupy.
-
-Exit status: 0 every check passed, 1 a check failed, 2 the checks could not run (no
-NVIDIA GPU, or neither torch nor cupy installed). ``--json`` prints the same report as
-JSON. A failing ``context`` row inside a container usually means NVML reports host pids
-that the container cannot see: run it with ``pid: host`` (docs/deployment.md).
-
-Children run as ``python -m service.gpucheck --child ...`` in their own process group;
-each prints one JSON line once its allocation is done and holds it until its stdin
-closes or it is killed.
-
-Nothing in the daemon imports this package.
-"""
+"""Check vramd's view of a real NVIDIA GPU: ``python -m service.gpucheck [--json]``."""
 
 from __future__ import annotations
 
@@ -126,6 +95,36 @@ class GpuCheck:
 
     ``tolerance`` is the absolute slack in bytes for comparisons of footprints;
     ``settle_timeout`` the barrier's limit, the daemon's ``settle_timeout`` by default.
+
+    vramd's memory arithmetic stands on three things NVML must get right on *this* machine,
+    driver and container setup: which process holds how much (per-pid ``usedGpuMemory``),
+    that a stopped process's memory comes back (the settle barrier waits on it), and that
+    memory vramd did not start shows up as foreign. The unit tests prove the code against a
+    scripted NVML; this proves the machine. It starts child processes that allocate known
+    amounts with PyTorch (or CuPy), reads them through the same ``NvmlProbe`` and the same
+    ``wait_settled`` barrier the daemon uses, and prints one row per check:
+
+        context        a child with only a CUDA context is listed under its own pid
+        attribution N  the child's footprint is its allocation plus that context
+        device used N  the device's ``used`` rose by the footprint (nothing unattributed)
+        process tree   memory held by a grandchild counts for the instance's root pid
+        foreign        memory of a process vramd was not told about is foreign, not managed
+        settle         after SIGKILL the pids leave NVML's list within the settle timeout,
+                       and the device's free memory comes back
+
+    With ``VRAMD_SIMULATED_GPUS`` set it checks simulated GPUs (``service.simgpu``) the same
+    way, its children allocating there instead of through torch or cupy.
+
+    Exit status: 0 every check passed, 1 a check failed, 2 the checks could not run (no
+    NVIDIA GPU, or neither torch nor cupy installed). ``--json`` prints the same report as
+    JSON. A failing ``context`` row inside a container usually means NVML reports host pids
+    that the container cannot see: run it with ``pid: host`` (docs/deployment.md).
+
+    Children run as ``python -m service.gpucheck --child ...`` in their own process group;
+    each prints one JSON line once its allocation is done and holds it until its stdin
+    closes or it is killed.
+
+    Nothing in the daemon imports this package.
     """
 
     probe: DeviceProbe

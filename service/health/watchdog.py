@@ -1,20 +1,4 @@
-"""The daemon watching itself: is the event loop, and the work on it, still moving?
-
-Ollama's scheduler once deadlocked in its eviction path and nobody noticed for hours.
-vramd checks its own liveness two ways:
-
-- A **thread** outside the event loop expects a heartbeat from the loop every
-  ``BEAT_S``. If none comes for ``stall_after_s`` the loop is blocked (a decision stuck
-  in a loop, a blocking call where none belongs): the thread logs where the loop's
-  thread is stuck (its Python stack) and records a ``watchdog`` event itself, on the
-  store writer's queue — nothing on the loop can, since the loop is what is stuck, and
-  the writer's thread does not need the loop. When beats resume, the stall is reported
-  from the loop as ``watchdog-recovered``.
-- ``Liveness`` checks, from the loop, that the periodic work still happens: the
-  scheduler's ticks and the memory samples (a probe stuck in the driver shows here).
-  ``/healthz`` fails while any of them is late, so systemd, Docker and load balancers
-  see it.
-"""
+"""The daemon watching itself: is the event loop, and the work on it, still moving?"""
 
 from __future__ import annotations
 
@@ -41,7 +25,23 @@ class Stall:
 
 
 class Watchdog:
-    """A heartbeat task on the loop and a thread that notices when it stops."""
+    """A heartbeat task on the loop and a thread that notices when it stops.
+
+    Ollama's scheduler once deadlocked in its eviction path and nobody noticed for hours.
+    vramd checks its own liveness two ways:
+
+    - A **thread** outside the event loop expects a heartbeat from the loop every
+      ``BEAT_S``. If none comes for ``stall_after_s`` the loop is blocked (a decision stuck
+      in a loop, a blocking call where none belongs): the thread logs where the loop's
+      thread is stuck (its Python stack) and records a ``watchdog`` event itself, on the
+      store writer's queue — nothing on the loop can, since the loop is what is stuck, and
+      the writer's thread does not need the loop. When beats resume, the stall is reported
+      from the loop as ``watchdog-recovered``.
+    - ``Liveness`` checks, from the loop, that the periodic work still happens: the
+      scheduler's ticks and the memory samples (a probe stuck in the driver shows here).
+      ``/healthz`` fails while any of them is late, so systemd, Docker and load balancers
+      see it.
+    """
 
     def __init__(
         self,

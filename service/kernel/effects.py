@@ -5,11 +5,6 @@ at once; slow work (spawning, stopping, waiting for memory to settle, sleeping a
 waking) runs in background tasks that report back through ``feed`` with the events the
 scheduler expects: ``InstanceReady``, ``InstanceStopped``, ``InstanceAsleep``,
 ``InstanceBackoff``, ``InstanceFailed``.
-
-It is also the observer of every instance transition (``on_state``): it records the
-transition, keeps the runtime's record (client, counters, flags, memory watch) in step,
-and tells the scheduler what the transition means. Nothing here decides: where to
-start, what to stop, when to retry, when to wake -- all of that came in the action.
 """
 
 from __future__ import annotations
@@ -79,6 +74,12 @@ class Feed(Protocol):
 
 
 class KernelEffects:
+    """It is also the observer of every instance transition (``on_state``): it records the
+    transition, keeps the runtime's record (client, counters, flags, memory watch) in step,
+    and tells the scheduler what the transition means. Nothing here decides: where to
+    start, what to stop, when to retry, when to wake -- all of that came in the action.
+    """
+
     def __init__(
         self,
         *,

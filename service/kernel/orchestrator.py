@@ -4,11 +4,6 @@ It feeds events to the pure scheduler one at a time (``scheduler.Pump``) and the
 scheduler's actions go to the kernel's ``Effects`` (``service.kernel.effects``). Everything
 it needs is built in ``service.app`` and handed in; it builds no helper of its own
 (docs/architecture.md, "The kernel's shape").
-
-What it does itself is what only the owner may do: its lifecycle (take over from a
-previous daemon, start the loops, shut down), applying policies, and answering the API --
-requests get leases (``acquire``/``release``), operators get their loads, unloads and
-restarts answered by the events those cause (``Tickets``), never by polling.
 """
 
 from __future__ import annotations
@@ -74,6 +69,12 @@ OPERATOR_SLACK_S = 30.0
 
 
 class Orchestrator:
+    """What it does itself is what only the owner may do: its lifecycle (take over from a
+    previous daemon, start the loops, shut down), applying policies, and answering the API --
+    requests get leases (``acquire``/``release``), operators get their loads, unloads and
+    restarts answered by the events those cause (``Tickets``), never by polling.
+    """
+
     def __init__(
         self,
         *,

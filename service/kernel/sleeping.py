@@ -5,20 +5,6 @@ weights to host memory and free the GPU (``POST /sleep?level=1``), then take the
 in a fraction of a load's time (``POST /wake_up``). For a service with ``sleep: true``
 an eviction or idle unload first tries that; it falls back to a stop when the sleep
 call fails, host memory is too short to receive the weights, or the sleep frees nothing.
-
-A sleep is trusted only once the footprint has dropped: vLLM's CPU build answers
-``/sleep`` with success and keeps every byte (docs/runtimes.md, vLLM). A sleep that frees
-nothing within the settle timeout is undone (``/wake_up``) and the runtime stopped
-instead; that service is not put to sleep again while its command and environment stay
-the same.
-
-To the scheduler a sleeping service is *stopped* (``InstanceAsleep``): its expected
-peak is no longer charged, and a request loads it again -- a ``Start(wake=True)``,
-which the kernel carries out as a wake. The little device memory a sleeper keeps (its
-CUDA context) stays visible to the device's free-memory ceiling, so admission never
-over-commits because of it. When a sleeper is stopped for good (after its service's
-``idle_ttl`` of sleep, or first of all when a load waits for memory) is the scheduler's
-decision (``StopSleeper``); this module only carries out sleeping, waking and stopping.
 """
 
 from __future__ import annotations
@@ -48,6 +34,21 @@ RELEASED_SHARE = 0.5
 
 
 class SleepMode:
+    """A sleep is trusted only once the footprint has dropped: vLLM's CPU build answers
+    ``/sleep`` with success and keeps every byte (docs/runtimes.md, vLLM). A sleep that frees
+    nothing within the settle timeout is undone (``/wake_up``) and the runtime stopped
+    instead; that service is not put to sleep again while its command and environment stay
+    the same.
+
+    To the scheduler a sleeping service is *stopped* (``InstanceAsleep``): its expected
+    peak is no longer charged, and a request loads it again -- a ``Start(wake=True)``,
+    which the kernel carries out as a wake. The little device memory a sleeper keeps (its
+    CUDA context) stays visible to the device's free-memory ceiling, so admission never
+    over-commits because of it. When a sleeper is stopped for good (after its service's
+    ``idle_ttl`` of sleep, or first of all when a load waits for memory) is the scheduler's
+    decision (``StopSleeper``); this module only carries out sleeping, waking and stopping.
+    """
+
     def __init__(
         self, *, events: EventLog, probe: DeviceProbe, clock: Clock, settle_timeout_s: float
     ) -> None:

@@ -1,12 +1,4 @@
-"""How long each step of a swap took, per service: the ``swap`` events.
-
-A swap is a stop (drain, save, stop, settle) and a start (spawn, ready, restore, first
-byte). The kernel's effects mark each step's moments as they happen; a stop's steps are
-one ``swap`` event once its memory has settled, a start's once the scheduler has been
-told the instance is ready, and the first byte of the first request the new instance
-answers is a third (``phase: first-byte``): ``{"phase": ..., "steps": {"save_ms": ...}}``.
-Times are ``time.perf_counter`` readings; only differences are reported.
-"""
+"""How long each step of a swap took, per service: the ``swap`` events."""
 
 from __future__ import annotations
 
@@ -27,6 +19,14 @@ def ms(start: float, end: float) -> float:
 
 
 class SwapSteps:
+    """A swap is a stop (drain, save, stop, settle) and a start (spawn, ready, restore, first
+    byte). The kernel's effects mark each step's moments as they happen; a stop's steps are
+    one ``swap`` event once its memory has settled, a start's once the scheduler has been
+    told the instance is ready, and the first byte of the first request the new instance
+    answers is a third (``phase: first-byte``): ``{"phase": ..., "steps": {"save_ms": ...}}``.
+    Times are ``time.perf_counter`` readings; only differences are reported.
+    """
+
     def __init__(self, events: EventLog) -> None:
         self._events = events
         # Per service: the moments of its current stop or start, by name.

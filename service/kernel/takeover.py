@@ -1,23 +1,4 @@
-"""Taking over from a previous daemon: adopt the runtimes it left that still fit, reap the rest.
-
-Every spawn is recorded (pid, process group, start time, port, the service's process
-identity, argv, devices, output files) before its health wait, so a daemon that ended
-without stopping its runtimes -- a crash, ``--keep-runtimes``, a ``--replace`` hand-over
--- leaves rows without an exit. The next daemon looks at each one before anything
-starts (docs/operations.md, "Restarts and upgrades"). It adopts the runtime when all of
-these hold, checked on the live process, never on the row alone:
-
-- its service is still in the policy, with the same process identity
-  (``policy.process_identity``: command, env, cwd, health, devices...);
-- it was not asleep, and no other runtime of the service was adopted already;
-- the pid is alive and has the recorded kernel start time (a reused pid has another);
-- it answers its adapter's health check now.
-
-An adopted runtime is READY at once, with no load; from then on it is supervised like
-any (``supervisor.AdoptedProcess``). Every other one is reaped, as before, only where pid
-*and* start time still match (``supervisor.reap_orphans``), with an event saying why it
-was not adopted.
-"""
+"""Taking over from a previous daemon: adopt the runtimes it left that still fit, reap the rest."""
 
 from __future__ import annotations
 
@@ -138,7 +119,26 @@ async def take_over_previous_daemon(
     adopt: Adopt,
 ) -> Adoption:
     """Adopt what fits (``adopt``: the effects make the process the service's instance,
-    READY at once), reap the rest; returns the services of each."""
+    READY at once), reap the rest; returns the services of each.
+
+    Every spawn is recorded (pid, process group, start time, port, the service's process
+    identity, argv, devices, output files) before its health wait, so a daemon that ended
+    without stopping its runtimes -- a crash, ``--keep-runtimes``, a ``--replace`` hand-over
+    -- leaves rows without an exit. The next daemon looks at each one before anything
+    starts (docs/operations.md, "Restarts and upgrades"). It adopts the runtime when all of
+    these hold, checked on the live process, never on the row alone:
+
+    - its service is still in the policy, with the same process identity
+      (``policy.process_identity``: command, env, cwd, health, devices...);
+    - it was not asleep, and no other runtime of the service was adopted already;
+    - the pid is alive and has the recorded kernel start time (a reused pid has another);
+    - it answers its adapter's health check now.
+
+    An adopted runtime is READY at once, with no load; from then on it is supervised like
+    any (``supervisor.AdoptedProcess``). Every other one is reaped, as before, only where pid
+    *and* start time still match (``supervisor.reap_orphans``), with an event saying why it
+    was not adopted.
+    """
     with store.read() as session:
         left = [Left.of(row) for row in queries.live_instances(session)]
     if not left:

@@ -1,12 +1,4 @@
-"""``yielding: auto`` in the daemon: the tuner's rounds, off the event loop.
-
-Every ``CHECK_S`` it asks the tuner (``service.replay.tuner.Tuner``) whether a round is
-due. A round takes the pump's recent traffic, what the scheduler has learned and the
-devices' sizes, hands them to ``python -m service.replay.worker`` (a child process at
-the lowest CPU priority, one at a time, killed at shutdown) and waits for its figures
-without blocking anything. A changed choice is fed to the scheduler
-(``TuningChanged``) and written as a ``tuning`` event with the figures compared.
-"""
+"""``yielding: auto`` in the daemon: the tuner's rounds, off the event loop."""
 
 from __future__ import annotations
 
@@ -32,6 +24,14 @@ ROUND_TIMEOUT_S = 600.0
 
 
 class AutoTuning:
+    """Every ``CHECK_S`` it asks the tuner (``service.replay.tuner.Tuner``) whether a round is
+    due. A round takes the pump's recent traffic, what the scheduler has learned and the
+    devices' sizes, hands them to ``python -m service.replay.worker`` (a child process at
+    the lowest CPU priority, one at a time, killed at shutdown) and waits for its figures
+    without blocking anything. A changed choice is fed to the scheduler
+    (``TuningChanged``) and written as a ``tuning`` event with the figures compared.
+    """
+
     def __init__(
         self, *, pump: Pump, events: EventLog, clock: Clock, policy: Callable[[], Policy]
     ) -> None:

@@ -1,13 +1,4 @@
-"""The event log: every decision and state change, persisted, logged and streamed.
-
-Every decision is explained: why this victim, why this refusal, what was measured.
-Each one becomes an ``events`` row in SQLite (served by
-``GET /api/events``), a log line, and a message to live subscribers
-(``GET /api/events/stream``). The row goes through the store writer: recording never
-waits for SQLite, and the event's id is known at once (the writer counts ids), so the
-stream and the table agree. Subscribers get bounded queues: a slow reader loses its
-oldest events (and is told so) rather than growing the daemon's memory.
-"""
+"""The event log: every decision and state change, persisted, logged and streamed."""
 
 from __future__ import annotations
 
@@ -25,6 +16,15 @@ SUBSCRIBER_QUEUE = 1000
 
 
 class EventLog:
+    """Every decision is explained: why this victim, why this refusal, what was measured.
+    Each one becomes an ``events`` row in SQLite (served by
+    ``GET /api/events``), a log line, and a message to live subscribers
+    (``GET /api/events/stream``). The row goes through the store writer: recording never
+    waits for SQLite, and the event's id is known at once (the writer counts ids), so the
+    stream and the table agree. Subscribers get bounded queues: a slow reader loses its
+    oldest events (and is told so) rather than growing the daemon's memory.
+    """
+
     def __init__(self, writer: StoreWriter, clock: Clock) -> None:
         self._writer = writer
         self._clock = clock

@@ -4,10 +4,6 @@
 with what the daemon keeps beside it: the pooled HTTP client requests go through, the
 database id of the current process, the counters ``vramd ps`` shows, and the launch
 arguments with their placeholders filled in (``launch_args``).
-
-``RuntimeTable`` is the one place a service's live record is created, replaced or
-dropped. The kernel, the sampler, the doctor and the windows all read the same table;
-every instance transition goes to the one observer the kernel registers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""Usage per client and service: how every request ended, counted where it ends.
-
-``Accounts.ended`` is called once per request, however it ended (answered, refused,
-timed out, its client gone): it counts the outcome in the daemon's metrics and in the
-``UsageBook``, which keeps two things: totals since the daemon started, per client and
-service (the per-client series of ``/metrics``), and what changed per hour since the
-store last took it (``take``), for ``usage_hours`` in SQLite (docs/operations.md,
-"Usage per client").
-"""
+"""Usage per client and service: how every request ended, counted where it ends."""
 
 from __future__ import annotations
 
@@ -134,7 +126,15 @@ class UsageBook:
 
 
 class Accounts:
-    """Where a request's end is counted: the metrics' counters and the usage book."""
+    """Where a request's end is counted: the metrics' counters and the usage book.
+
+    ``Accounts.ended`` is called once per request, however it ended (answered, refused,
+    timed out, its client gone): it counts the outcome in the daemon's metrics and in the
+    ``UsageBook``, which keeps two things: totals since the daemon started, per client and
+    service (the per-client series of ``/metrics``), and what changed per hour since the
+    store last took it (``take``), for ``usage_hours`` in SQLite (docs/operations.md,
+    "Usage per client").
+    """
 
     def __init__(self, counters: Counters, usage: UsageBook) -> None:
         self.counters = counters

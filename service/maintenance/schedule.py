@@ -1,15 +1,6 @@
 """Maintenance windows' clock: when each opens and closes (APScheduler jobs).
 
 This module only keeps time; ``service.maintenance.windows`` acts on what it says.
-
-Windows come from the active policy (cron + duration) and from operators through the
-API (one-off: a start time + duration, stored in SQLite so they survive restarts).
-APScheduler jobs are derived from them at startup and whenever a policy is applied —
-never pickled into the database. A job only *posts* ("window W opened") to
-``service.maintenance.windows``; what a window does (restart flagged services by draining them, let
-window-only services load, stop those when it closes) is decided there, with the
-scheduler, like every other change. Cron lines are read by ``service.policy.cron``, the same
-code the policy checks them with.
 """
 
 from __future__ import annotations
@@ -56,7 +47,17 @@ OnClose = Callable[[OpenWindow], None]
 
 
 class Maintenance:
-    """Owns the APScheduler instance and which windows are open now."""
+    """Owns the APScheduler instance and which windows are open now.
+
+    Windows come from the active policy (cron + duration) and from operators through the API
+    (one-off: a start time + duration, stored in SQLite so they survive restarts).
+    APScheduler jobs are derived from them at startup and whenever a policy is applied —
+    never pickled into the database. A job only *posts* ("window W opened") to
+    ``service.maintenance.windows``; what a window does (restart flagged services by
+    draining them, let window-only services load, stop those when it closes) is decided
+    there, with the scheduler, like every other change. Cron lines are read by
+    ``service.policy.cron``, the same code the policy checks them with.
+    """
 
     def __init__(self, *, clock: Clock, on_open: OnOpen, on_close: OnClose) -> None:
         self._clock = clock

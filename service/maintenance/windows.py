@@ -5,10 +5,6 @@ module decides what that means for the services, through scheduler events like e
 other change: restarting the window's targets (``RestartRequested``: drain first),
 allowing its window-only services (``WindowChanged``), recording each run in SQLite,
 and the operator's one-off windows (``POST``/``DELETE /api/maintenance``).
-
-Its ports are narrow (docs/architecture.md): ``feed``, the runtime table (which services
-run, and their flags), the store, the event log and the clock; the active policy is
-handed over by ``reconfigure`` after every apply.
 """
 
 from __future__ import annotations
@@ -28,6 +24,11 @@ from service.store import Store, StoreWriter, queries
 
 
 class Windows:
+    """Its ports are narrow (docs/architecture.md): ``feed``, the runtime table (which services
+    run, and their flags), the store, the event log and the clock; the active policy is
+    handed over by ``reconfigure`` after every apply.
+    """
+
     def __init__(
         self,
         *,

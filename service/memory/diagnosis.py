@@ -3,41 +3,6 @@
 Pure functions over values: no I/O, no clock reads, no logging (what they decide is in
 docs/operations.md, "Flags" and "Fragmentation versus capacity"). The sampler and the
 supervisor feed them samples and log lines and turn verdicts into flags.
-
-Why these rules:
-
-- **Creep is judged per request, with Theil-Sen.** A leak or an unbounded cache grows
-  with work done, not with time, so the slope is bytes against requests served. Theil-Sen
-  (the median of all pairwise slopes) shrugs off up to ~29% wild samples: a transient
-  spike from one huge request, or a probe glitch, moves a least-squares slope a lot and
-  the median of slopes hardly at all.
-- **Creep needs new highs.** A slope over a window that still holds the end of a warm-up,
-  or a leak that has stopped, stays positive for a while after the growth is over. What
-  tells "still growing" from "grew and stopped" is whether the last part of the window
-  reaches above every earlier sample since ready (not only the earlier part of the
-  window: a garbage-collected sawtooth whose period is longer than the window never
-  climbs above its own earlier peaks). A warm-up plateau, a leak that stopped and a
-  sawtooth (rises, then drops back) all fail that test; a leak that stopped is flagged
-  until its last rise leaves the recent part of the window, then no longer. Two recent
-  samples must clear the earlier high (one is a sawtooth's peak or one big request's
-  spike), by more than twice the sample-to-sample jitter (estimated from successive
-  differences, so a steady rise or one step does not inflate it): noise around a plateau
-  reached late in the window is not a new high.
-- **Creep is only judged after warm-up.** Samples from before the instance served
-  ``min_requests`` requests and was ``min_age_s`` old never enter the window: loading
-  caches, compiling kernels and sizing pools is expected growth, not a leak. Nor is it
-  judged on fewer than ``min_samples`` post-warm-up samples: over a handful of samples
-  the pairwise slopes are mostly jitter. A warm-up that is still rising after that gate,
-  or a sawtooth whose first rise outlasts it, looks like a leak until it flattens; the
-  gate is the knob for runtimes that warm up slowly.
-- **Free memory above recent growth means fragmentation.** If the runtime says out of
-  memory while its device has more free than the instance grew in the last minute (and
-  more than the failing request needed, when known), the device as a whole had room for
-  the allocation; the allocator could not place it (fragmentation, or memory parked in
-  another pool). A clean restart cures that; more memory would not. Otherwise it is a
-  capacity shortage.
-- **Over-cap needs a streak.** One sample above ``memory.cap`` can be a probe caught
-  mid-allocation; ``needed`` consecutive samples (3 in the design) cannot.
 """
 
 from __future__ import annotations
@@ -77,6 +42,42 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class CreepConfig:
+    """Why these rules:
+
+    - **Creep is judged per request, with Theil-Sen.** A leak or an unbounded cache grows
+      with work done, not with time, so the slope is bytes against requests served. Theil-Sen
+      (the median of all pairwise slopes) shrugs off up to ~29% wild samples: a transient
+      spike from one huge request, or a probe glitch, moves a least-squares slope a lot and
+      the median of slopes hardly at all.
+    - **Creep needs new highs.** A slope over a window that still holds the end of a warm-up,
+      or a leak that has stopped, stays positive for a while after the growth is over. What
+      tells "still growing" from "grew and stopped" is whether the last part of the window
+      reaches above every earlier sample since ready (not only the earlier part of the
+      window: a garbage-collected sawtooth whose period is longer than the window never
+      climbs above its own earlier peaks). A warm-up plateau, a leak that stopped and a
+      sawtooth (rises, then drops back) all fail that test; a leak that stopped is flagged
+      until its last rise leaves the recent part of the window, then no longer. Two recent
+      samples must clear the earlier high (one is a sawtooth's peak or one big request's
+      spike), by more than twice the sample-to-sample jitter (estimated from successive
+      differences, so a steady rise or one step does not inflate it): noise around a plateau
+      reached late in the window is not a new high.
+    - **Creep is only judged after warm-up.** Samples from before the instance served
+      ``min_requests`` requests and was ``min_age_s`` old never enter the window: loading
+      caches, compiling kernels and sizing pools is expected growth, not a leak. Nor is it
+      judged on fewer than ``min_samples`` post-warm-up samples: over a handful of samples
+      the pairwise slopes are mostly jitter. A warm-up that is still rising after that gate,
+      or a sawtooth whose first rise outlasts it, looks like a leak until it flattens; the
+      gate is the knob for runtimes that warm up slowly.
+    - **Free memory above recent growth means fragmentation.** If the runtime says out of
+      memory while its device has more free than the instance grew in the last minute (and
+      more than the failing request needed, when known), the device as a whole had room for
+      the allocation; the allocator could not place it (fragmentation, or memory parked in
+      another pool). A clean restart cures that; more memory would not. Otherwise it is a
+      capacity shortage.
+    - **Over-cap needs a streak.** One sample above ``memory.cap`` can be a probe caught
+      mid-allocation; ``needed`` consecutive samples (3 in the design) cannot.
+    """
+
     min_requests: int = 20  # warm-up: at least this many requests served...
     min_age_s: float = 60.0  # ...and this long since ready
     window: int = 120  # the most recent post-warm-up samples considered

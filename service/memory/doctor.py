@@ -1,15 +1,4 @@
-"""Acting on memory findings: flags, cap actions, out-of-memory incidents and verdicts.
-
-See docs/operations.md ("Flags: what they mean and what to do", "Fragmentation versus
-capacity"). The sampler and the proxy report what they saw (a cap streak, a
-creeping series, an out-of-memory line or response, a load that died of OOM); the
-doctor turns each into a flag and an event, carries out the service's ``on_cap``, and
-leaves an incident record with the figures an operator needs to tell fragmentation from
-a capacity shortage or a competing workload. It acts through scheduler events only
-(``feed``), so every stop and restart still goes through admission like any other; it
-reads the runtime table and the last probe reading, never the orchestrator.
-(``diagnostics`` classifies; this module acts on what it says.)
-"""
+"""Acting on memory findings: flags, cap actions, out-of-memory incidents and verdicts."""
 
 from __future__ import annotations
 
@@ -47,6 +36,17 @@ INCIDENT_EVENT_KINDS = frozenset(
 
 
 class Doctor:
+    """See docs/operations.md ("Flags: what they mean and what to do", "Fragmentation versus
+    capacity"). The sampler and the proxy report what they saw (a cap streak, a
+    creeping series, an out-of-memory line or response, a load that died of OOM); the
+    doctor turns each into a flag and an event, carries out the service's ``on_cap``, and
+    leaves an incident record with the figures an operator needs to tell fragmentation from
+    a capacity shortage or a competing workload. It acts through scheduler events only
+    (``feed``), so every stop and restart still goes through admission like any other; it
+    reads the runtime table and the last probe reading, never the orchestrator.
+    (``memory.diagnosis`` classifies; this module acts on what it says.)
+    """
+
     def __init__(
         self,
         *,

@@ -1,25 +1,4 @@
-"""The settle barrier's second question: has the device's free memory come back?
-
-A pid leaving NVML's process list is not the last step of a teardown: on some drivers
-and with some allocators (CUDA's IPC pools, a ROCm runtime's deferred frees, a vLLM
-worker the root outlived) the device's ``free`` figure returns later, or never, while no
-listed process holds the memory. Starting the next load on the strength of the list
-alone then fails it with out-of-memory on a device that looked empty. So after a stop
-on a GPU backend the orchestrator also waits until, on every device the instance was
-on, ``free`` has risen by what the instance held there (docs/architecture.md, "Devices,
-and a load on several of them").
-
-Other instances keep running meanwhile and grow or shrink, which moves ``free`` too.
-The figure compared is therefore ``free + what our other instances hold`` on the
-device, before the stop (the last sample) and now: their growth cancels out, and only
-the stopped instance's release and foreign processes move it. ``SLACK`` forgives the
-rounding of drivers and the small figures that move with any read (a context's
-bookkeeping); past it, the memory is missing, and when the barrier gives up the event
-says how much of it on which device (a foreign process took it, or the driver kept it).
-
-The host backend is exempt: a process's RAM is back when the kernel reaps it, and
-``available`` moves with every other program on the machine, page cache included.
-"""
+"""The settle barrier's second question: has the device's free memory come back?"""
 
 from __future__ import annotations
 
@@ -52,6 +31,26 @@ class Comeback:
 
     ``held``: device -> bytes the instance held there at the last sample; ``before``:
     device -> ``free + other instances`` at that sample.
+
+    A pid leaving NVML's process list is not the last step of a teardown: on some drivers
+    and with some allocators (CUDA's IPC pools, a ROCm runtime's deferred frees, a vLLM
+    worker the root outlived) the device's ``free`` figure returns later, or never, while no
+    listed process holds the memory. Starting the next load on the strength of the list
+    alone then fails it with out-of-memory on a device that looked empty. So after a stop
+    on a GPU backend the orchestrator also waits until, on every device the instance was
+    on, ``free`` has risen by what the instance held there (docs/architecture.md, "Devices,
+    and a load on several of them").
+
+    Other instances keep running meanwhile and grow or shrink, which moves ``free`` too.
+    The figure compared is therefore ``free + what our other instances hold`` on the
+    device, before the stop (the last sample) and now: their growth cancels out, and only
+    the stopped instance's release and foreign processes move it. ``SLACK`` forgives the
+    rounding of drivers and the small figures that move with any read (a context's
+    bookkeeping); past it, the memory is missing, and when the barrier gives up the event
+    says how much of it on which device (a foreign process took it, or the driver kept it).
+
+    The host backend is exempt: a process's RAM is back when the kernel reaps it, and
+    ``available`` moves with every other program on the machine, page cache included.
     """
 
     service: str

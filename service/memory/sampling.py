@@ -1,18 +1,4 @@
-"""Memory sampling: the probe's figures flowing back into the ledger and the database.
-
-Every ``device.sample_interval`` the sampler reads the probe (in a worker thread: it
-walks the process table and may call the driver, and must not stall requests), hands
-the figures to the scheduler as a ``MemorySampled`` event, keeps each runtime's latest
-footprint and peak, raises a service's learned peak when an instance goes above it, and
-writes the samples to SQLite (downsampled there once a minute). Every write goes through
-the store writer, so a locked database delays the rows, never the loop.
-
-Its ports are narrow (docs/architecture.md): ``feed`` for the events it raises, a read-only
-view of the scheduler (a service's expected peak and load, a device's budget), the
-runtime table, and ``on_finding`` for what a runtime's memory watch notices (the
-doctor acts on those). The latest reading goes to a ``LastReading`` that the doctor,
-the status view and the liveness check read.
-"""
+"""Memory sampling: the probe's figures flowing back into the ledger and the database."""
 
 from __future__ import annotations
 
@@ -110,6 +96,20 @@ class LastReading:
 
 
 class Sampler:
+    """Every ``device.sample_interval`` the sampler reads the probe (in a worker thread: it
+    walks the process table and may call the driver, and must not stall requests), hands
+    the figures to the scheduler as a ``MemorySampled`` event, keeps each runtime's latest
+    footprint and peak, raises a service's learned peak when an instance goes above it, and
+    writes the samples to SQLite (downsampled there once a minute). Every write goes through
+    the store writer, so a locked database delays the rows, never the loop.
+
+    Its ports are narrow (docs/architecture.md): ``feed`` for the events it raises, a read-only
+    view of the scheduler (a service's expected peak and load, a device's budget), the
+    runtime table, and ``on_finding`` for what a runtime's memory watch notices (the
+    doctor acts on those). The latest reading goes to a ``LastReading`` that the doctor,
+    the status view and the liveness check read.
+    """
+
     def __init__(
         self,
         *,

@@ -1,20 +1,4 @@
-"""OpenAI answers turned into Ollama's: whole answers here, streamed ones in ``streams``.
-
-Ollama's answers carry what OpenAI's do not: a ``created_at`` time (RFC 3339 in UTC with
-nanoseconds), ``done`` / ``done_reason``, and durations in nanoseconds that clients use
-to show tokens per second (``eval_count / eval_duration * 1e9``). The listener knows when
-a request arrived, how long it queued and whether it waited for a load; ``Timing``
-carries that in. The split of the rest between reading the prompt and generating is best
-effort, from the most exact source there is:
-
-1. llama.cpp's ``timings`` (``prompt_ms``, ``predicted_ms``), sent with its answers;
-2. the time the first token arrived (streams): before it is the prompt, after it is eval;
-3. nothing: all the runtime's time is eval, so a speed shown is never an overstatement.
-
-Tool call arguments come back from OpenAI as JSON text and go out as objects; text that
-is not a JSON object (a model can emit anything) is wrapped as ``{"arguments": text}``
-rather than dropped, because the Ollama client requires an object.
-"""
+"""OpenAI answers turned into Ollama's: whole answers here, streamed ones in ``streams``."""
 
 from __future__ import annotations
 
@@ -143,7 +127,23 @@ def _first_choice(openai: object) -> Mapping[str, Any]:
 
 
 def chat_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, Any]:
-    """A whole ``/v1/chat/completions`` answer as an ``/api/chat`` one."""
+    """A whole ``/v1/chat/completions`` answer as an ``/api/chat`` one.
+
+    Ollama's answers carry what OpenAI's do not: a ``created_at`` time (RFC 3339 in UTC with
+    nanoseconds), ``done`` / ``done_reason``, and durations in nanoseconds that clients use
+    to show tokens per second (``eval_count / eval_duration * 1e9``). The listener knows when
+    a request arrived, how long it queued and whether it waited for a load; ``Timing``
+    carries that in. The split of the rest between reading the prompt and generating is best
+    effort, from the most exact source there is:
+
+    1. llama.cpp's ``timings`` (``prompt_ms``, ``predicted_ms``), sent with its answers;
+    2. the time the first token arrived (streams): before it is the prompt, after it is eval;
+    3. nothing: all the runtime's time is eval, so a speed shown is never an overstatement.
+
+    Tool call arguments come back from OpenAI as JSON text and go out as objects; text that
+    is not a JSON object (a model can emit anything) is wrapped as ``{"arguments": text}``
+    rather than dropped, because the Ollama client requires an object.
+    """
     choice = _first_choice(openai)
     message = choice.get("message")
     message = message if isinstance(message, Mapping) else {}

@@ -1,15 +1,4 @@
-"""Checking an Ollama request's fields, and mapping the ones every request shares.
-
-Ollama's ``options`` mix two things: sampling parameters, which an OpenAI-compatible
-server takes per request, and load parameters (``num_ctx``, ``num_gpu``, ...), which in
-Ollama silently reload the model with new settings. vramd's policy file owns the runtime's
-command line, so a request never changes it: load parameters are dropped and reported, as
-are options no OpenAI-compatible server knows. ``format`` and ``think`` map to the OpenAI
-fields (or the ``chat_template_kwargs`` that llama.cpp and vLLM both read).
-
-Every check raises ``InvalidRequest`` with a message that names the field, so a client's
-mistake is a 400 that says where it is, never a 500 from a ``KeyError`` further down.
-"""
+"""Checking an Ollama request's fields, and mapping the ones every request shares."""
 
 from __future__ import annotations
 
@@ -114,7 +103,18 @@ def is_unload(keep_alive: object) -> bool:
 
 
 def map_options(options: object, out: dict[str, Any], ignored: list[str]) -> None:
-    """Add the OpenAI equivalents of Ollama ``options`` to ``out``; note what is dropped."""
+    """Add the OpenAI equivalents of Ollama ``options`` to ``out``; note what is dropped.
+
+    Ollama's ``options`` mix two things: sampling parameters, which an OpenAI-compatible
+    server takes per request, and load parameters (``num_ctx``, ``num_gpu``, ...), which in
+    Ollama silently reload the model with new settings. vramd's policy file owns the runtime's
+    command line, so a request never changes it: load parameters are dropped and reported, as
+    are options no OpenAI-compatible server knows. ``format`` and ``think`` map to the OpenAI
+    fields (or the ``chat_template_kwargs`` that llama.cpp and vLLM both read).
+
+    Every check raises ``InvalidRequest`` with a message that names the field, so a client's
+    mistake is a 400 that says where it is, never a 500 from a ``KeyError`` further down.
+    """
     if options is None:
         return
     opts = require_object(options, "options")

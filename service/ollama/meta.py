@@ -3,15 +3,6 @@
 ``/api/tags`` lists every model name the policy serves, ``/api/ps`` the ones whose
 service is loaded, ``/api/show`` one model. The listener fills a ``ModelView`` per model
 name from the kernel's service view; nothing here reads live state.
-
-Ollama's answers describe model files (digests, quantisation, Modelfiles); vramd serves
-models through runtimes its policy starts, and has no files to describe. So the digest is
-a stable stand-in (the sha256 of the name: the same name always has the same digest, as
-clients that cache by digest expect), ``modified_at`` is the daemon's start, and the
-Modelfile, parameters and template say where the real settings live.
-
-Model management (pull, push, create, copy, delete, blobs) is the policy file's job:
-the listener answers those paths 501 with ``MANAGEMENT_MESSAGE``.
 """
 
 from __future__ import annotations
@@ -52,7 +43,17 @@ _CAPABILITIES = {"chat": ("completion",), "embedding": ("embedding",)}
 
 @dataclass(frozen=True)
 class ModelView:
-    """One model name as the Ollama listener shows it."""
+    """One model name as the Ollama listener shows it.
+
+    Ollama's answers describe model files (digests, quantisation, Modelfiles); vramd serves
+    models through runtimes its policy starts, and has no files to describe. So the digest is
+    a stable stand-in (the sha256 of the name: the same name always has the same digest, as
+    clients that cache by digest expect), ``modified_at`` is the daemon's start, and the
+    Modelfile, parameters and template say where the real settings live.
+
+    Model management (pull, push, create, copy, delete, blobs) is the policy file's job:
+    the listener answers those paths 501 with ``MANAGEMENT_MESSAGE``.
+    """
 
     name: str  # the name clients send
     service: str  # the service that serves it

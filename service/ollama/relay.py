@@ -1,14 +1,10 @@
-"""One runtime answer turned into Ollama's, as the proxy relays it (``proxy.Translator``).
+"""One runtime answer turned into Ollama's, as the proxy relays it (``proxy.request.Translator``).
 
 The listener hands an ``OllamaAnswer`` to the proxy with the translated request. The
 proxy tells it how long the request waited for its lease (a cold start is Ollama's
 ``load_duration``), then either gives it the whole answer (JSON, or an error, of any
 status) or the SSE stream run by run, and writes back what it returns: one JSON object,
 or NDJSON lines ending with the ``done: true`` line.
-
-Still pure: bytes in, bytes out. A runtime answer that cannot be read becomes Ollama's
-``{"error": ...}`` (with 502 when the answer had not begun), never an exception, since
-the proxy cannot answer anything else once it has started relaying.
 """
 
 from __future__ import annotations
@@ -54,7 +50,12 @@ def upstream_message(body: bytes) -> str:
 
 
 class OllamaAnswer:
-    """Translates one answer for one Ollama endpoint; one instance per request."""
+    """Translates one answer for one Ollama endpoint; one instance per request.
+
+    Still pure: bytes in, bytes out. A runtime answer that cannot be read becomes Ollama's
+    ``{"error": ...}`` (with 502 when the answer had not begun), never an exception, since
+    the proxy cannot answer anything else once it has started relaying.
+    """
 
     content_type = NDJSON
 

@@ -4,21 +4,6 @@ Each function takes the JSON body an Ollama client sent and returns a ``Translat
 OpenAI client route vramd resolves the model on, the OpenAI body (``model`` is the Ollama
 name as given; the proxy rewrites it like any other request), whether the client wants
 NDJSON streaming, and the names of the fields vramd ignored, so the listener can log them.
-
-The choices Ollama's API leaves open:
-
-- ``/api/generate`` is a chat completion with a system and a user message, because
-  Ollama applies the model's template to the prompt and so does a chat route. ``raw``
-  (the prompt is already templated) and ``suffix`` (fill-in-the-middle) have no chat
-  form: they go to ``/v1/completions`` with ``prompt`` (and OpenAI's ``suffix``). A
-  runtime without fill-in-the-middle answers that itself.
-- An empty prompt (or no messages, or no input) is Ollama's idiom for "load the model";
-  with ``keep_alive: 0`` it means "unload it". ``load_only`` / ``unload_only`` say so,
-  and the listener answers with ``done_reason`` "load" or "unload" without a completion.
-  Residency stays the policy's: an unload request unloads nothing.
-- Ollama tool calls carry no ids and tool results name the tool; OpenAI links a result
-  to its call by id. Calls get ids here and each tool message takes the id of the
-  earliest unanswered call of the same name.
 """
 
 from __future__ import annotations
@@ -50,7 +35,23 @@ class Translated:
 
 
 def chat_request(body: object) -> Translated:
-    """``/api/chat`` → ``/v1/chat/completions``."""
+    """``/api/chat`` → ``/v1/chat/completions``.
+
+    The choices Ollama's API leaves open:
+
+    - ``/api/generate`` is a chat completion with a system and a user message, because
+      Ollama applies the model's template to the prompt and so does a chat route. ``raw``
+      (the prompt is already templated) and ``suffix`` (fill-in-the-middle) have no chat
+      form: they go to ``/v1/completions`` with ``prompt`` (and OpenAI's ``suffix``). A
+      runtime without fill-in-the-middle answers that itself.
+    - An empty prompt (or no messages, or no input) is Ollama's idiom for "load the model";
+      with ``keep_alive: 0`` it means "unload it". ``load_only`` / ``unload_only`` say so,
+      and the listener answers with ``done_reason`` "load" or "unload" without a completion.
+      Residency stays the policy's: an unload request unloads nothing.
+    - Ollama tool calls carry no ids and tool results name the tool; OpenAI links a result
+      to its call by id. Calls get ids here and each tool message takes the id of the
+      earliest unanswered call of the same name.
+    """
     req = f.require_object(body)
     model = f.require_model(req)
     messages = f.optional_list(req, "messages") or []

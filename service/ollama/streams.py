@@ -1,23 +1,4 @@
-"""An OpenAI SSE stream turned into Ollama's NDJSON lines, one chunk at a time.
-
-The listener feeds each decoded ``data:`` chunk to ``ChatStream.event`` and writes the
-lines it returns; after ``[DONE]`` it writes ``finish()``, the ``done: true`` line with
-the reason, the counts and the durations. Chat chunks (``choices[0].delta``) and plain
-completion chunks (``choices[0].text``, the raw ``/api/generate``) are both understood,
-so the same class serves ``/api/chat`` (``mode="chat"``: a ``message`` per line) and
-``/api/generate`` (``mode="generate"``: a ``response`` per line).
-
-Tool calls stream in OpenAI as fragments of JSON text keyed by index; Ollama sends each
-call whole, with object arguments. The fragments are gathered here and the calls emitted
-in one line when the runtime says it has finished (or, if it never says, with the final
-line). The usage arrives in a chunk of its own with no choices (``include_usage``).
-
-A chunk that carries an ``error`` (llama.cpp sends one when generation fails midway)
-becomes Ollama's ``{"error": ...}`` line and marks the stream failed: the listener ends
-the response there, as Ollama does.
-
-The clock is injected so the tests give every line a known ``created_at``.
-"""
+"""An OpenAI SSE stream turned into Ollama's NDJSON lines, one chunk at a time."""
 
 from __future__ import annotations
 
@@ -37,6 +18,25 @@ from service.ollama.answers import (
 
 
 class ChatStream:
+    """The listener feeds each decoded ``data:`` chunk to ``ChatStream.event`` and writes the
+    lines it returns; after ``[DONE]`` it writes ``finish()``, the ``done: true`` line with
+    the reason, the counts and the durations. Chat chunks (``choices[0].delta``) and plain
+    completion chunks (``choices[0].text``, the raw ``/api/generate``) are both understood,
+    so the same class serves ``/api/chat`` (``mode="chat"``: a ``message`` per line) and
+    ``/api/generate`` (``mode="generate"``: a ``response`` per line).
+
+    Tool calls stream in OpenAI as fragments of JSON text keyed by index; Ollama sends each
+    call whole, with object arguments. The fragments are gathered here and the calls emitted
+    in one line when the runtime says it has finished (or, if it never says, with the final
+    line). The usage arrives in a chunk of its own with no choices (``include_usage``).
+
+    A chunk that carries an ``error`` (llama.cpp sends one when generation fails midway)
+    becomes Ollama's ``{"error": ...}`` line and marks the stream failed: the listener ends
+    the response there, as Ollama does.
+
+    The clock is injected so the tests give every line a known ``created_at``.
+    """
+
     def __init__(
         self,
         model: str,

@@ -1,12 +1,4 @@
-"""Cron lines and time zones as values: parsed, checked, and asked for their next firing.
-
-A maintenance window recurs on a five-field cron line in an IANA time zone. Both the
-policy (which must reject a bad line with a message naming it) and the maintenance jobs
-(which must fire on it) read the line here, so they cannot disagree about what it means.
-APScheduler's ``CronTrigger`` does the calendar arithmetic; a trigger is a plain value
-that holds no scheduler, no job and no event loop, so this module is safe for the
-policy and anything that imports it.
-"""
+"""Cron lines and time zones as values: parsed, checked, and asked for their next firing."""
 
 from __future__ import annotations
 
@@ -27,6 +19,13 @@ def cron_trigger(expression: str, timezone: str = "UTC") -> CronTrigger:
     field is translated to names first. Raises ``ValueError`` for a malformed line.
     Like APScheduler (and unlike Vixie cron), a restricted day-of-month AND day-of-week
     must both match.
+
+    A maintenance window recurs on a five-field cron line in an IANA time zone. Both the
+    policy (which must reject a bad line with a message naming it) and the maintenance jobs
+    (which must fire on it) read the line here, so they cannot disagree about what it means.
+    APScheduler's ``CronTrigger`` does the calendar arithmetic; a trigger is a plain value
+    that holds no scheduler, no job and no event loop, so this module is safe for the
+    policy and anything that imports it.
     """
     fields = expression.split()
     if len(fields) != 5:

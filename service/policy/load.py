@@ -1,12 +1,4 @@
-"""``load_policy``: policy text in, a validated ``Policy`` out, or every problem at once.
-
-The steps: parse the YAML keeping each key's line and column (``service.policy.yamlpos``), merge
-``defaults`` into the services that do not set a key themselves, validate with the
-``schema`` models, run the checks that span fields and sections, and raise one
-``PolicyError`` listing every issue, each naming its key path and line:
-``services.chat.memory.cap (line 14, col 12): ...``. A valid file then gets its
-residency-dependent defaults (idle TTL, protect) filled in.
-"""
+"""``load_policy``: policy text in, a validated ``Policy`` out, or every problem at once."""
 
 from __future__ import annotations
 
@@ -47,7 +39,15 @@ _MERGED_MAPPINGS = ("queue", "restart", "env")
 
 
 def load_policy(text: str) -> Policy:
-    """Validate a whole policy file; raise ``PolicyError`` with every issue found."""
+    """Validate a whole policy file; raise ``PolicyError`` with every issue found.
+
+    The steps: parse the YAML keeping each key's line and column (``service.policy.yamlpos``), merge
+    ``defaults`` into the services that do not set a key themselves, validate with the
+    ``schema`` models, run the checks that span fields and sections, and raise one
+    ``PolicyError`` listing every issue, each naming its key path and line:
+    ``services.chat.memory.cap (line 14, col 12): ...``. A valid file then gets its
+    residency-dependent defaults (idle TTL, protect) filled in.
+    """
     try:
         data, positions, issues = load_with_positions(text)
     except YamlSyntaxError as exc:

@@ -1,19 +1,4 @@
-"""Which client routes a service answers, and where its runtime answers each.
-
-A client calls an OpenAI- or Anthropic-style route (``/v1/chat/completions``,
-``/v1/messages``, ...). Each service kind serves a set of them (``ROUTES_BY_KIND``); a
-runtime may answer one at another path (text-embeddings-inference reranks at
-``/rerank``, whisper.cpp's server transcribes at ``/inference``), and a service may
-serve routes beyond its kind's (a chat runtime started with ``--embeddings``) or not
-serve some of them. The policy's ``routes:`` key says so per service (docs/policy.md,
-"Route maps"); the adapters' defaults below fill in what it does not say.
-
-A service's route table maps every client route it serves to the runtime path the
-request goes to. ``route_table`` builds it: the kind's routes to themselves, then the
-runtime's defaults, then the policy's entries (a ``null`` entry removes a route).
-
-Values only: the policy loader and the proxy both use this module.
-"""
+"""Which client routes a service answers, and where its runtime answers each."""
 
 from __future__ import annotations
 
@@ -137,7 +122,22 @@ def route_table(
     routes: Mapping[str, str | None],
     command: Sequence[str] = (),
 ) -> Mapping[str, str]:
-    """Client route -> runtime path, for every route the service serves."""
+    """Client route -> runtime path, for every route the service serves.
+
+    A client calls an OpenAI- or Anthropic-style route (``/v1/chat/completions``,
+    ``/v1/messages``, ...). Each service kind serves a set of them (``ROUTES_BY_KIND``); a
+    runtime may answer one at another path (text-embeddings-inference reranks at
+    ``/rerank``, whisper.cpp's server transcribes at ``/inference``), and a service may
+    serve routes beyond its kind's (a chat runtime started with ``--embeddings``) or not
+    serve some of them. The policy's ``routes:`` key says so per service (docs/policy.md,
+    "Route maps"); the adapters' defaults below fill in what it does not say.
+
+    A service's route table maps every client route it serves to the runtime path the
+    request goes to. ``route_table`` builds it: the kind's routes to themselves, then the
+    runtime's defaults, then the policy's entries (a ``null`` entry removes a route).
+
+    Values only: the policy loader and the proxy both use this module.
+    """
     table = {route: route for route in ROUTES_BY_KIND[kind]}
     for route, path in adapter_routes(adapter, command).items():
         if path is None:

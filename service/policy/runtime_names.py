@@ -1,19 +1,4 @@
-"""The runtimes vramd knows, by name, and which one a command line runs: values only.
-
-A policy names a service's runtime with ``adapter:`` (or leaves it to be guessed from the
-command), and the policy loader must check that name and whether the runtime can sleep.
-It needs names, not adapters: ``service.adapters`` holds per-runtime parsers and vLLM's
-HTTP sleep helpers, which the policy and the pure scheduler must not import. So the
-names, their aliases and the guess live here, and ``service.adapters.registry`` maps a
-name to its adapter; a test keeps the two lists the same.
-
-Most policies never name a runtime: ``command: [llama-server, ...]`` already says which
-one it is. ``guess_name`` reads that from the program's basename, or, for a Python
-interpreter, from the module after ``-m``. Launchers in front of the program (``env``,
-``nice``, ``taskset``, ``uv run``, ``conda run``, ...) are looked through. Anything it
-does not recognise is served as a generic OpenAI-compatible server, which is always a
-safe default: only the health path, metric names and OOM patterns differ.
-"""
+"""The runtimes vramd knows, by name, and which one a command line runs: values only."""
 
 from __future__ import annotations
 
@@ -138,7 +123,22 @@ def _from_python(args: Sequence[str]) -> str | None:
 
 
 def guess_name(command: Sequence[str]) -> str:
-    """The runtime a service's argv runs; the generic OpenAI one when nothing matches."""
+    """The runtime a service's argv runs; the generic OpenAI one when nothing matches.
+
+    A policy names a service's runtime with ``adapter:`` (or leaves it to be guessed from the
+    command), and the policy loader must check that name and whether the runtime can sleep.
+    It needs names, not adapters: ``service.adapters`` holds per-runtime parsers and vLLM's
+    HTTP sleep helpers, which the policy and the pure scheduler must not import. So the
+    names, their aliases and the guess live here, and ``service.adapters.registry`` maps a
+    name to its adapter; a test keeps the two lists the same.
+
+    Most policies never name a runtime: ``command: [llama-server, ...]`` already says which
+    one it is. ``guess_name`` reads that from the program's basename, or, for a Python
+    interpreter, from the module after ``-m``. Launchers in front of the program (``env``,
+    ``nice``, ``taskset``, ``uv run``, ``conda run``, ...) are looked through. Anything it
+    does not recognise is served as a generic OpenAI-compatible server, which is always a
+    safe default: only the health path, metric names and OOM patterns differ.
+    """
     argv = list(command)
     start = 0
     if argv and _basename(argv[0]) in _LAUNCHERS:

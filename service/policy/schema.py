@@ -1,12 +1,4 @@
-"""The policy's pydantic models: the shape of every section, and per-field validation.
-
-Each model rejects unknown keys and validates its defaults, so a typo is an error rather
-than a silently ignored key. Sizes and durations accept ``6GiB`` and ``90s`` as well as
-numbers (``service.units``). What a single field can check is checked here; checks that
-span fields or sections (a model served twice, a cap below its estimate, a window naming
-a missing service) live in ``load``, which also turns pydantic's errors into ones that
-name the key and line. The class names are the ``$defs`` of ``vramd schema``.
-"""
+"""The policy's pydantic models: the shape of every section, and per-field validation."""
 
 from __future__ import annotations
 

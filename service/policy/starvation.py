@@ -1,13 +1,4 @@
-"""Which services can starve: the lower priorities under a ``protect: never``.
-
-``protect`` is a cost, not a lock (docs/policy.md): an idle instance keeps its memory
-against a lower priority only until that priority's waiting request would otherwise
-time out. ``protect: never`` keeps the strict rule instead: the instance never yields
-its memory to a lower priority while it is loaded, and a lower priority that needs that
-memory waits past its ``queue.timeout`` for as long as the instance stays loaded.
-That is an owner's choice to make knowingly, so ``vramd check`` names the services it
-can starve.
-"""
+"""Which services can starve: the lower priorities under a ``protect: never``."""
 
 from __future__ import annotations
 
@@ -32,7 +23,16 @@ def may_share_a_device(a: Service, b: Service) -> bool:
 
 
 def starvation_warnings(policy: Policy) -> list[str]:
-    """One line per service with ``protect: never`` that outranks others, naming them."""
+    """One line per service with ``protect: never`` that outranks others, naming them.
+
+    ``protect`` is a cost, not a lock (docs/policy.md): an idle instance keeps its memory
+    against a lower priority only until that priority's waiting request would otherwise
+    time out. ``protect: never`` keeps the strict rule instead: the instance never yields
+    its memory to a lower priority while it is loaded, and a lower priority that needs that
+    memory waits past its ``queue.timeout`` for as long as the instance stays loaded.
+    That is an owner's choice to make knowingly, so ``vramd check`` names the services it
+    can starve.
+    """
     out: list[str] = []
     for name, holder in sorted(policy.services.items()):
         if holder.protect != NEVER or holder.residency not in (

@@ -1,12 +1,4 @@
-"""YAML to plain Python, remembering where every key and value stood in the text.
-
-Policy errors must name the YAML line and column of the offending key (docs/policy.md,
-"Error messages"), but PyYAML's ``safe_load`` throws positions away. This module composes
-the node tree itself and returns the data together with a ``Positions`` map from key paths
-such as ``("services", "chat", "memory", "cap")`` to 1-based ``(line, col)`` of the value
-and of the key. Duplicate keys, which ``safe_load`` silently collapses, are reported as
-errors.
-"""
+"""YAML to plain Python, remembering where every key and value stood in the text."""
 
 from __future__ import annotations
 
@@ -76,6 +68,13 @@ def load_with_positions(text: str) -> tuple[Any, Positions, list[PolicyIssue]]:
     """Parse ``text``; return (data, positions, issues found while parsing).
 
     Raises ``YamlSyntaxError`` when the text is not YAML at all.
+
+    Policy errors must name the YAML line and column of the offending key (docs/policy.md,
+    "Error messages"), but PyYAML's ``safe_load`` throws positions away. This module composes
+    the node tree itself and returns the data together with a ``Positions`` map from key paths
+    such as ``("services", "chat", "memory", "cap")`` to 1-based ``(line, col)`` of the value
+    and of the key. Duplicate keys, which ``safe_load`` silently collapses, are reported as
+    errors.
     """
     try:
         loader = yaml.SafeLoader(text)

@@ -1,18 +1,4 @@
-"""How vramd's own errors are worded for each client API (docs/api.md, "Errors").
-
-Clients parse errors in their API's shape, and the statuses stay the same whatever the
-shape (a full queue is a 429 for every client):
-
-- OpenAI (``/v1`` and the admin API): ``{"error": {"message", "type", "code"}}``;
-- Anthropic (``/v1/messages*``): ``{"type": "error", "error": {"type", "message"}}``,
-  the type named by the status as Anthropic's API names it;
-- Ollama (the Ollama listener): ``{"error": "..."}``.
-
-A ``Dialect`` answers an error before the answer has begun (``reply``) and ends an event
-stream that failed mid-way (``stream_error``), so a client library raises it as the
-API's own error instead of hanging or choking on a foreign shape. Errors that runtimes
-answer are relayed as they came: the runtime already speaks the route's API.
-"""
+"""How vramd's own errors are worded for each client API (docs/api.md, "Errors")."""
 
 from __future__ import annotations
 
@@ -72,7 +58,21 @@ class Problem:
 
 
 class Dialect:
-    """OpenAI's wording; the other APIs override the two bodies."""
+    """OpenAI's wording; the other APIs override the two bodies.
+
+    Clients parse errors in their API's shape, and the statuses stay the same whatever the
+    shape (a full queue is a 429 for every client):
+
+    - OpenAI (``/v1`` and the admin API): ``{"error": {"message", "type", "code"}}``;
+    - Anthropic (``/v1/messages*``): ``{"type": "error", "error": {"type", "message"}}``,
+      the type named by the status as Anthropic's API names it;
+    - Ollama (the Ollama listener): ``{"error": "..."}``.
+
+    A ``Dialect`` answers an error before the answer has begun (``reply``) and ends an event
+    stream that failed mid-way (``stream_error``), so a client library raises it as the
+    API's own error instead of hanging or choking on a foreign shape. Errors that runtimes
+    answer are relayed as they came: the runtime already speaks the route's API.
+    """
 
     name = "openai"
 

@@ -1,54 +1,4 @@
-"""Forwarding one leased request to one runtime, and relaying its answer to the client.
-
-A router (``service.api.openai`` for ``/v1``, ``upstream`` for runtime-native paths,
-``ollama`` for the Ollama listener) reads and checks the client's request and names the
-service and the runtime's path; ``ProxyResponse`` does the rest, as an ASGI response so
-that one object sees the whole exchange:
-
-    acquire a lease (queue, maybe a load)  ->  the request to lease.base_url + path
-    ->  relay status, headers and body     ->  release the lease, exactly once
-
-Answers are relayed as they come. An SSE answer (``text/event-stream``) is passed on event
-by event, never buffered; an answer of unknown length (chunked) is passed on chunk by
-chunk; an answer whose length the runtime announced (JSON, audio, images) and every error
-answer is read whole first, so a runtime that dies half-way through it becomes a clean
-502 instead of a truncated body.
-
-Cancellation, both ways:
-
-- The client hangs up. The body has been read, so the next ASGI ``receive`` message is
-  ``http.disconnect``; a watcher task waits for it and cancels the exchange wherever it
-  is: in the queue (the provider withdraws the request), waiting for the runtime's first
-  byte, or relaying a stream. Closing the upstream response closes its connection, so the
-  runtime sees the disconnect and stops generating for nobody.
-- The runtime dies or stalls. A request whose connection it refuses never reached it
-  (it has just died, and the supervisor has not noticed yet): the lease is given back
-  unserved (``Outcome.NOT_SENT``) and asked for again, twice, so the request waits in
-  the queue for the instance that replaces it. Once sent, before the answer has started:
-  502 ``runtime_failed`` or 504 ``runtime_timeout`` (a request is never sent twice).
-  Mid-stream: the client's event stream ends with an OpenAI-shaped error event (never a
-  half event, never a hang). Mid-way through a chunked non-SSE body there is no way to
-  say so in-band, so the connection is aborted (``UpstreamBroken``) rather than letting
-  a truncated body pass for a whole one.
-
-Why not Starlette's ``StreamingResponse``: under ASGI 2.3 (uvicorn) it notices a
-disconnect only while streaming, not while the request waits in the queue or for the
-first byte, and a disconnect that lands while a chunk is being written leaves the body
-generator suspended, so a release in its ``finally`` would wait for the garbage collector.
-
-Per request this module does no JSON work at all; the router re-encodes a body only when
-``Lease.upstream_model`` asks for a rewrite. Timeouts and header tables are built once.
-Two hooks serve other client APIs: the request's ``Dialect`` words vramd's own errors
-(Anthropic's shape on ``/v1/messages``, Ollama's on its listener), and an optional
-``Translator`` turns the runtime's answer into another API's (the Ollama listener's JSON
-and NDJSON); without one, the runtime's bytes are relayed as they came.
-
-One Linux-specific courtesy: runtimes that write headers and body (or event after event)
-in separate small sends without ``TCP_NODELAY`` (Python's ``http.server``, cpp-httplib by
-default) meet the receiver's delayed ACK, and each answer stalls ~40 ms. The proxy asks
-for an immediate ACK (``TCP_QUICKACK``) once the headers are in and after every relayed
-chunk: one ``setsockopt`` each, and answers arrive when the runtime sends them.
-"""
+"""Forwarding one leased request to one runtime, and relaying its answer to the client."""
 
 from __future__ import annotations
 
@@ -100,7 +50,57 @@ class UpstreamBroken(Exception):
 
 
 class ProxyResponse(Response):
-    """The whole proxied exchange for one client request, run as its ASGI response."""
+    """The whole proxied exchange for one client request, run as its ASGI response.
+
+    A router (``service.api.openai`` for ``/v1``, ``upstream`` for runtime-native paths,
+    ``ollama`` for the Ollama listener) reads and checks the client's request and names the
+    service and the runtime's path; ``ProxyResponse`` does the rest, as an ASGI response so
+    that one object sees the whole exchange:
+
+        acquire a lease (queue, maybe a load)  ->  the request to lease.base_url + path
+        ->  relay status, headers and body     ->  release the lease, exactly once
+
+    Answers are relayed as they come. An SSE answer (``text/event-stream``) is passed on event
+    by event, never buffered; an answer of unknown length (chunked) is passed on chunk by
+    chunk; an answer whose length the runtime announced (JSON, audio, images) and every error
+    answer is read whole first, so a runtime that dies half-way through it becomes a clean
+    502 instead of a truncated body.
+
+    Cancellation, both ways:
+
+    - The client hangs up. The body has been read, so the next ASGI ``receive`` message is
+      ``http.disconnect``; a watcher task waits for it and cancels the exchange wherever it
+      is: in the queue (the provider withdraws the request), waiting for the runtime's first
+      byte, or relaying a stream. Closing the upstream response closes its connection, so the
+      runtime sees the disconnect and stops generating for nobody.
+    - The runtime dies or stalls. A request whose connection it refuses never reached it
+      (it has just died, and the supervisor has not noticed yet): the lease is given back
+      unserved (``Outcome.NOT_SENT``) and asked for again, twice, so the request waits in
+      the queue for the instance that replaces it. Once sent, before the answer has started:
+      502 ``runtime_failed`` or 504 ``runtime_timeout`` (a request is never sent twice).
+      Mid-stream: the client's event stream ends with an OpenAI-shaped error event (never a
+      half event, never a hang). Mid-way through a chunked non-SSE body there is no way to
+      say so in-band, so the connection is aborted (``UpstreamBroken``) rather than letting
+      a truncated body pass for a whole one.
+
+    Why not Starlette's ``StreamingResponse``: under ASGI 2.3 (uvicorn) it notices a
+    disconnect only while streaming, not while the request waits in the queue or for the
+    first byte, and a disconnect that lands while a chunk is being written leaves the body
+    generator suspended, so a release in its ``finally`` would wait for the garbage collector.
+
+    Per request this module does no JSON work at all; the router re-encodes a body only when
+    ``Lease.upstream_model`` asks for a rewrite. Timeouts and header tables are built once.
+    Two hooks serve other client APIs: the request's ``Dialect`` words vramd's own errors
+    (Anthropic's shape on ``/v1/messages``, Ollama's on its listener), and an optional
+    ``Translator`` turns the runtime's answer into another API's (the Ollama listener's JSON
+    and NDJSON); without one, the runtime's bytes are relayed as they came.
+
+    One Linux-specific courtesy: runtimes that write headers and body (or event after event)
+    in separate small sends without ``TCP_NODELAY`` (Python's ``http.server``, cpp-httplib by
+    default) meet the receiver's delayed ACK, and each answer stalls ~40 ms. The proxy asks
+    for an immediate ACK (``TCP_QUICKACK``) once the headers are in and after every relayed
+    chunk: one ``setsockopt`` each, and answers arrive when the runtime sends them.
+    """
 
     def __init__(
         self,

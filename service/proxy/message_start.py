@@ -1,13 +1,4 @@
-"""Anthropic's event stream opens with ``message_start``, and clients rely on it.
-
-The Anthropic SDKs build the message from that first event (its id, model and usage)
-and fail without it (``get_final_message`` asserts). llama-server sends it only with
-the partial result of the first generated token, and a first token that is not whole
-UTF-8 (a byte of a multi-byte character) yields no partial result: its stream then
-opens with ``content_block_start`` (docs/runtimes.md, llama.cpp). ``MessageStart`` puts
-one in front of such a stream, made from what vramd knows: the request's model and id;
-the input tokens are not known (0), the runtime's ``message_delta`` carries the output.
-"""
+"""Anthropic's event stream opens with ``message_start``, and clients rely on it."""
 
 from __future__ import annotations
 
@@ -15,7 +6,16 @@ import json
 
 
 class MessageStart:
-    """Called with each run of whole events of one stream, in order."""
+    """Called with each run of whole events of one stream, in order.
+
+    The Anthropic SDKs build the message from that first event (its id, model and usage)
+    and fail without it (``get_final_message`` asserts). llama-server sends it only with
+    the partial result of the first generated token, and a first token that is not whole
+    UTF-8 (a byte of a multi-byte character) yields no partial result: its stream then
+    opens with ``content_block_start`` (docs/runtimes.md, llama.cpp). ``MessageStart`` puts
+    one in front of such a stream, made from what vramd knows: the request's model and id;
+    the input tokens are not known (0), the runtime's ``message_delta`` carries the output.
+    """
 
     def __init__(self, *, model: str | None, request_id: str) -> None:
         self._model = model

@@ -1,12 +1,4 @@
-"""What a runtime's answer says it used: tokens, images, audio seconds (usage per client).
-
-Read from bytes the proxy holds anyway (a whole answer, or a stream's last events),
-never by holding more: a chat answer's ``usage`` object (OpenAI's ``prompt_tokens`` /
-``completion_tokens``, or ``input_tokens`` / ``output_tokens`` of the Responses and
-Anthropic APIs), the number of images in an image answer's ``data``, a transcription's
-``duration`` (verbose_json), and the length of a WAV a speech runtime made. What an
-answer does not report counts as zero.
-"""
+"""What a runtime's answer says it used: tokens, images, audio seconds (usage per client)."""
 
 from __future__ import annotations
 
@@ -92,6 +84,13 @@ def wav_seconds(body: bytes) -> float | None:
 
 # How each kind of answer is read, by the meter the router names (``ClientRequest.meter``).
 def answer_usage(meter: str, body: bytes, content_type: str) -> AnswerUsage | None:
+    """Read from bytes the proxy holds anyway (a whole answer, or a stream's last events),
+    never by holding more: a chat answer's ``usage`` object (OpenAI's ``prompt_tokens`` /
+    ``completion_tokens``, or ``input_tokens`` / ``output_tokens`` of the Responses and
+    Anthropic APIs), the number of images in an image answer's ``data``, a transcription's
+    ``duration`` (verbose_json), and the length of a WAV a speech runtime made. What an
+    answer does not report counts as zero.
+    """
     if meter == "images":
         return images_in(body)
     if meter == "audio":

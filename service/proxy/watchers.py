@@ -1,17 +1,4 @@
-"""The three watchers around one proxied exchange: client hang-up, runtime silence, ACKs.
-
-``ProxyResponse`` (``service.proxy.forward``) serves each request inside these:
-
-- ``DisconnectWatch`` cancels the exchange when the client hangs up, wherever it is (in
-  the queue, waiting for the first byte, relaying a stream);
-- ``Silence`` enforces ``read_timeout`` as the longest silence between a runtime's
-  chunks, with one timer per answer instead of one per chunk;
-- ``Acker`` asks the kernel for an immediate TCP ACK on the upstream connection, so a
-  runtime that writes in small separate sends is not held back by delayed ACKs.
-
-Each is told apart from other cancellations the way ``asyncio.timeout`` does it, with
-``Task.uncancel``.
-"""
+"""The three watchers around one proxied exchange: client hang-up, runtime silence, ACKs."""
 
 from __future__ import annotations
 
@@ -63,6 +50,18 @@ class DisconnectWatch:
     apart from any other by ``gone`` and ``Task.uncancel``. ``send`` is wrapped so that
     the ``http.disconnect`` a server reports once the response is complete is not taken
     for a hang-up.
+
+    ``ProxyResponse`` (``service.proxy.forward``) serves each request inside these:
+
+    - ``DisconnectWatch`` cancels the exchange when the client hangs up, wherever it is (in
+      the queue, waiting for the first byte, relaying a stream);
+    - ``Silence`` enforces ``read_timeout`` as the longest silence between a runtime's
+      chunks, with one timer per answer instead of one per chunk;
+    - ``Acker`` asks the kernel for an immediate TCP ACK on the upstream connection, so a
+      runtime that writes in small separate sends is not held back by delayed ACKs.
+
+    Each is told apart from other cancellations the way ``asyncio.timeout`` does it, with
+    ``Task.uncancel``.
     """
 
     __slots__ = ("_complete", "_task", "_watcher", "gone")

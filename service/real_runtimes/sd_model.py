@@ -1,14 +1,5 @@
 """A random-weight Stable Diffusion model that stable-diffusion.cpp's ``sd-server`` serves,
 written as two GGUF files in a directory: ``model.gguf`` and ``taesd.gguf``.
-
-sd.cpp takes every width of its UNet models from code, not from the file (SD1's 320
-channels, CLIP-L's 12 layers of 768), so the smallest model it accepts is a real
-architecture: SDXS-512's UNet (sd.cpp's ``VERSION_SDXS_512_DS``: one resblock per level, no
-middle block, no attention at full resolution), picked by its tensor names, with SD1's
-CLIP-L text encoder, plus TAESD (``--taesd``) instead of the 83M-parameter VAE. Linear
-weights are q8_0 (random bytes, one scale per block), convolutions f16, norms f32.
-
-    python -m service.real_runtimes.sd_model --out DIR [--seed N]
 """
 
 from __future__ import annotations
@@ -201,7 +192,17 @@ def _write(path: Path, tensors: list[Tensor], rng: Any) -> None:
 
 def write_tiny_sd(out: Path, *, seed: int = 0) -> Path:
     """Write ``model.gguf`` (tiny UNet + CLIP-L) and ``taesd.gguf`` into the directory
-    ``out``; return ``out``."""
+    ``out``; return ``out``.
+
+    sd.cpp takes every width of its UNet models from code, not from the file (SD1's 320
+    channels, CLIP-L's 12 layers of 768), so the smallest model it accepts is a real
+    architecture: SDXS-512's UNet (sd.cpp's ``VERSION_SDXS_512_DS``: one resblock per level, no
+    middle block, no attention at full resolution), picked by its tensor names, with SD1's
+    CLIP-L text encoder, plus TAESD (``--taesd``) instead of the 83M-parameter VAE. Linear
+    weights are q8_0 (random bytes, one scale per block), convolutions f16, norms f32.
+
+        python -m service.real_runtimes.sd_model --out DIR [--seed N]
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -1,14 +1,5 @@
 """A tiny random-weight whisper model in whisper.cpp's ggml ``.bin`` format, and a WAV to
 transcribe with it.
-
-The file is what ``whisper_model_load`` reads: the ggml magic, eleven hyperparameters, the
-mel filter bank, a vocabulary (the 256 single bytes; whisper.cpp names the special tokens
-up to ``n_vocab`` itself), then each tensor as dims, name and data. Whisper's own shapes
-(80 mel bins, a 1500-frame encoder for 30 s windows, the 51864-token English vocabulary)
-with 2 layers of width 64: a 7 MB file that loads in milliseconds and transcribes
-gibberish, in whisper-server's real code path.
-
-    python -m service.real_runtimes.whisper_model --out PATH [--seed N]
 """
 
 from __future__ import annotations
@@ -85,7 +76,17 @@ def _tensors() -> list[tuple[str, tuple[int, ...], int]]:
 
 
 def write_tiny_whisper(path: Path, *, seed: int = 0) -> Path:
-    """Write the model to ``path`` and return ``path``; the same file for the same seed."""
+    """Write the model to ``path`` and return ``path``; the same file for the same seed.
+
+    The file is what ``whisper_model_load`` reads: the ggml magic, eleven hyperparameters, the
+    mel filter bank, a vocabulary (the 256 single bytes; whisper.cpp names the special tokens
+    up to ``n_vocab`` itself), then each tensor as dims, name and data. Whisper's own shapes
+    (80 mel bins, a 1500-frame encoder for 30 s windows, the 51864-token English vocabulary)
+    with 2 layers of width 64: a 7 MB file that loads in milliseconds and transcribes
+    gibberish, in whisper-server's real code path.
+
+        python -m service.real_runtimes.whisper_model --out PATH [--seed N]
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)

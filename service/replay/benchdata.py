@@ -3,13 +3,6 @@
 A YAML mapping of service name to ``{load_s, true_peak, unload_s, wake_s}``::
 
     chat: {load_s: 10, true_peak: 10GiB, unload_s: 1}
-
-``wake_s`` is how long a service with ``sleep: true`` takes to wake (default a tenth of
-its load time); going to sleep takes its ``unload_s``.
-
-``true_peak`` is the memory the runtime really reaches once loaded; it may exceed the
-policy's ``memory.estimate`` (as a real KV cache does). A service missing from the file
-(or every service, without a file) loads in ``DEFAULT_LOAD_S`` and peaks at its estimate.
 """
 
 from __future__ import annotations
@@ -42,7 +35,15 @@ class RuntimeBench:
 
 
 def parse_bench_data(text: str) -> dict[str, dict[str, Any]]:
-    """The raw mapping, checked for shape (values are parsed against the policy)."""
+    """The raw mapping, checked for shape (values are parsed against the policy).
+
+    ``wake_s`` is how long a service with ``sleep: true`` takes to wake (default a tenth of
+    its load time); going to sleep takes its ``unload_s``.
+
+    ``true_peak`` is the memory the runtime really reaches once loaded; it may exceed the
+    policy's ``memory.estimate`` (as a real KV cache does). A service missing from the file
+    (or every service, without a file) loads in ``DEFAULT_LOAD_S`` and peaks at its estimate.
+    """
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
         raise ValueError("bench data must be a mapping of service name to {load_s, true_peak}")

@@ -1,20 +1,4 @@
-"""The simulated device: what the runtimes really hold, and when a load runs out of memory.
-
-A runtime's memory ramps linearly from 0 to its true peak over its load time, then stays
-flat until the process exits (``remove``). The device has a fixed ``total`` (None:
-unlimited). Out of memory is decided when a load starts, first come first served: the
-room it has is ``total`` minus what every other live runtime holds or is still ramping
-up to. If its true peak does not fit that room it ramps until it hits the wall and fails
-there, at ``start + load_s * room / true_peak``. (On a real GPU two loads ramping
-together fail in whichever order their allocations race; here the later load fails.)
-
-The device also integrates memory over time exactly (ramps included), for the
-time-average memory use of a run.
-
-``SimBox`` is the box: one ``SimDevice`` per GPU, all of one size. A runtime lives on
-one device, or on several at once (``span``), holding its share of its true peak on
-each; it runs out of memory if any part does, at the first part's wall.
-"""
+"""The simulated device: what the runtimes really hold, and when a load runs out of memory."""
 
 from __future__ import annotations
 
@@ -103,7 +87,23 @@ class SimDevice:
 
 
 class SimBox:
-    """The box's devices, and which of them each live runtime is on."""
+    """The box's devices, and which of them each live runtime is on.
+
+    A runtime's memory ramps linearly from 0 to its true peak over its load time, then stays
+    flat until the process exits (``remove``). The device has a fixed ``total`` (None:
+    unlimited). Out of memory is decided when a load starts, first come first served: the
+    room it has is ``total`` minus what every other live runtime holds or is still ramping
+    up to. If its true peak does not fit that room it ramps until it hits the wall and fails
+    there, at ``start + load_s * room / true_peak``. (On a real GPU two loads ramping
+    together fail in whichever order their allocations race; here the later load fails.)
+
+    The device also integrates memory over time exactly (ramps included), for the
+    time-average memory use of a run.
+
+    ``SimBox`` is the box: one ``SimDevice`` per GPU, all of one size. A runtime lives on
+    one device, or on several at once (``span``), holding its share of its true peak on
+    each; it runs out of memory if any part does, at the first part's wall.
+    """
 
     def __init__(self, count: int, total: int | None) -> None:
         if count < 1:

@@ -1,12 +1,4 @@
-"""One simulated run: a world (clock, device, recorder) and a system that lives in it.
-
-A system (``bench.systems``) is told two things: ``begin()`` at time 0 and
-``arrive(req, service)`` for each request of the trace whose model a service serves
-(other models are refused ``model_not_found`` here, as vramd's router does before the
-scheduler hears of them). Everything else it does by scheduling callbacks on the world's
-clock. ``Slots`` is the request side of a runtime that the baselines share: a fixed
-number of requests in service, the rest waiting in arrival order.
-"""
+"""One simulated run: a world (clock, device, recorder) and a system that lives in it."""
 
 from __future__ import annotations
 
@@ -99,7 +91,15 @@ class RunResult:
 
 
 def simulate(system_cls: type[S], setup: Setup, trace: Sequence[TraceRequest]) -> S:
-    """Run ``trace`` against a new ``system_cls`` to its end; the system after the run."""
+    """Run ``trace`` against a new ``system_cls`` to its end; the system after the run.
+
+    A system (``bench.systems``) is told two things: ``begin()`` at time 0 and
+    ``arrive(req, service)`` for each request of the trace whose model a service serves
+    (other models are refused ``model_not_found`` here, as vramd's router does before the
+    scheduler hears of them). Everything else it does by scheduling callbacks on the world's
+    clock. ``Slots`` is the request side of a runtime that the baselines share: a fixed
+    number of requests in service, the rest waiting in arrival order.
+    """
     world = World(setup, trace, unlimited=system_cls.unlimited_memory)
     system = system_cls(world)
 

@@ -4,38 +4,6 @@ Every request ends in exactly one outcome: ``served``, ``refused`` (with the err
 client would see) or ``failed`` (``oom``: the load it waited for ran out of memory, or a
 crash-looping service refused it for that reason; ``killed``: its runtime was stopped
 under it). A request still open when the run ends is reported as ``unfinished``.
-
-Per run (and per priority class and per service, for the request figures):
-
-- ``latency_s``: arrival to last byte, p50/p99 over served requests;
-  ``queue_s``: arrival to the moment a runtime slot took it.
-- ``served_past_timeout``: served requests that had waited longer than their service's
-  ``queue.timeout`` for a slot: a vramd client would have had a 503 ``queue_timeout``
-  instead (the baselines do not time out their queues).
-- ``served_within_timeout``: the others, served after waiting no longer than their
-  service's ``queue.timeout`` (the same 1 ns tolerance): the headline figure, the one
-  that counts a baseline's request as served only where vramd would have served it;
-  ``share_within_timeout``: that over ``requests`` (None for none).
-- ``slo_attainment``: the fraction of *all* requests served within
-  ``5 x duration_s + load_s`` of their service (its load time counted once);
-  refused and failed requests miss it. ``weighted_slo``: the same, each request
-  weighted by its service's priority (what the scheduler maximizes, and what
-  ``yielding: auto`` compares).
-- ``cold_starts``: runtime loads started (retries after a failure included);
-  ``cold_requests``: served requests that waited for a load (the runtime that served
-  them became ready after they arrived);
-  ``gb_loaded``: GiB of true peaks those loads brought in.
-- ``oom_loads``: loads that ran out of memory on the device;
-  ``oom_loads_after_ready``: those of a service that had already been ready once in the
-  run, so its true peak had been measured (vramd's ``no-oom`` target allows an
-  out-of-memory load only while a peak is still being learned).
-- ``mem_avg_fraction``: memory really held, averaged over the trace (0 to its last
-  arrival), as a fraction of ``plan_bytes`` over every device (what vramd hands out).
-
-``by_priority`` and ``by_service`` hold the request figures per priority class and per
-service (``by_service`` adds ``cold_starts`` and ``oom_loads``); ``by_priority_unpinned``
-holds them per priority over the services that are not pinned (the ``top-p99`` target's
-set: a percentile of a union cannot be rebuilt from per-service percentiles).
 """
 
 from __future__ import annotations
@@ -241,7 +209,40 @@ def _request_figures(records: Sequence[RequestRecord], setup: Setup) -> dict[str
 
 
 def summarize(rec: Recorder, *, byte_seconds: float, horizon: float) -> dict[str, Any]:
-    """The figures of one run (``RUN_KEYS``), JSON-ready."""
+    """The figures of one run (``RUN_KEYS``), JSON-ready.
+
+    Per run (and per priority class and per service, for the request figures):
+
+    - ``latency_s``: arrival to last byte, p50/p99 over served requests;
+      ``queue_s``: arrival to the moment a runtime slot took it.
+    - ``served_past_timeout``: served requests that had waited longer than their service's
+      ``queue.timeout`` for a slot: a vramd client would have had a 503 ``queue_timeout``
+      instead (the baselines do not time out their queues).
+    - ``served_within_timeout``: the others, served after waiting no longer than their
+      service's ``queue.timeout`` (the same 1 ns tolerance): the headline figure, the one
+      that counts a baseline's request as served only where vramd would have served it;
+      ``share_within_timeout``: that over ``requests`` (None for none).
+    - ``slo_attainment``: the fraction of *all* requests served within
+      ``5 x duration_s + load_s`` of their service (its load time counted once);
+      refused and failed requests miss it. ``weighted_slo``: the same, each request
+      weighted by its service's priority (what the scheduler maximizes, and what
+      ``yielding: auto`` compares).
+    - ``cold_starts``: runtime loads started (retries after a failure included);
+      ``cold_requests``: served requests that waited for a load (the runtime that served
+      them became ready after they arrived);
+      ``gb_loaded``: GiB of true peaks those loads brought in.
+    - ``oom_loads``: loads that ran out of memory on the device;
+      ``oom_loads_after_ready``: those of a service that had already been ready once in the
+      run, so its true peak had been measured (vramd's ``no-oom`` target allows an
+      out-of-memory load only while a peak is still being learned).
+    - ``mem_avg_fraction``: memory really held, averaged over the trace (0 to its last
+      arrival), as a fraction of ``plan_bytes`` over every device (what vramd hands out).
+
+    ``by_priority`` and ``by_service`` hold the request figures per priority class and per
+    service (``by_service`` adds ``cold_starts`` and ``oom_loads``); ``by_priority_unpinned``
+    holds them per priority over the services that are not pinned (the ``top-p99`` target's
+    set: a percentile of a union cannot be rebuilt from per-service percentiles).
+    """
     records = list(rec.records.values())
     out = _request_figures(records, rec.setup)
     out["cold_starts"] = rec.loads

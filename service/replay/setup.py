@@ -1,19 +1,4 @@
-"""What every simulated system shares: the services, the device, the trace's vocabulary.
-
-``Setup`` is built once from a policy and bench data and handed to every system, so they
-all see the same services, the same device and the same memory to plan with:
-
-- ``device_total``: the simulated device's real size. By default the policy's
-  ``device.budget`` plus its ``headroom`` plus ``DEFAULT_SLACK`` (what a real card has
-  beyond what the operator hands out), so a runtime that outgrows its estimate has a
-  little room before it fails, as on a real card.
-- ``plan_bytes``: what vramd hands out on that device (``min(budget, total) - headroom``,
-  docs/operations.md, "How vramd decides"). The baselines plan against the same figure, so
-  every system is compared on the same memory.
-- ``devices``: how many such devices the box has (``device_total`` and ``plan_bytes``
-  are per device). By default one, or one per index up to the highest in the policy's
-  ``device.gpus`` when it lists them (``gpus: [0, 1]``: a box of two).
-"""
+"""What every simulated system shares: the services, the device, the trace's vocabulary."""
 
 from __future__ import annotations
 
@@ -65,7 +50,22 @@ def build_setup(
     devices: int | None = None,
     runtimes: Mapping[str, RuntimeBench] | None = None,
 ) -> Setup:
-    """``runtimes`` (the tuner's learned figures) replaces the bench data where given."""
+    """``runtimes`` (the tuner's learned figures) replaces the bench data where given.
+
+    ``Setup`` is built once from a policy and bench data and handed to every system, so they
+    all see the same services, the same device and the same memory to plan with:
+
+    - ``device_total``: the simulated device's real size. By default the policy's
+      ``device.budget`` plus its ``headroom`` plus ``DEFAULT_SLACK`` (what a real card has
+      beyond what the operator hands out), so a runtime that outgrows its estimate has a
+      little room before it fails, as on a real card.
+    - ``plan_bytes``: what vramd hands out on that device (``min(budget, total) - headroom``,
+      docs/operations.md, "How vramd decides"). The baselines plan against the same figure, so
+      every system is compared on the same memory.
+    - ``devices``: how many such devices the box has (``device_total`` and ``plan_bytes``
+      are per device). By default one, or one per index up to the highest in the policy's
+      ``device.gpus`` when it lists them (``gpus: [0, 1]``: a box of two).
+    """
     rules, device_rule = rules_from_policy(policy)
     bench = dict(runtimes) if runtimes is not None else resolve_bench(policy, bench_raw)
     budget = policy.device.budget

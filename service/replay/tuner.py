@@ -1,23 +1,4 @@
-"""``yielding: auto``: the fixed setting that serves this box's own recent traffic best.
-
-Every so often the tuner replays the last hour of arrivals (``scheduler.Traffic``)
-through the scheduler core on a simulated box built from what the daemon has learned
-(each service's peak and load time, the devices' sizes), once per candidate: every
-fixed setting, then the best of them with the highest unpinned priority as ``protect:
-never``, and the current choice. It keeps the candidates with no out-of-memory failure
-that serve within their timeout at least ``1 - SERVED_TOLERANCE`` of the best
-candidate's requests, and among them picks the highest priority-weighted SLO. It
-switches only when the current choice is beaten by more than ``HYSTERESIS`` in two
-rounds in a row (to the best of the second; the first round alone decides from the
-untuned start), so one noisy window never flips it and traffic that does not change
-keeps its choice; a current choice that no longer qualifies is replaced at once.
-
-When: first ``FIRST_AFTER_S`` after start, then no sooner than ``MIN_INTERVAL_S`` after
-the last round began and no sooner than its CPU time divided by ``CPU_SHARE``, so the
-replays cost at most that share of one core on average. The daemon runs ``evaluate`` in
-a background process at low priority (``worker``) and measures its CPU time; the
-simulator runs it in place and charges ``REPLAY_CPU_S_PER_REQUEST`` per replayed request.
-"""
+"""``yielding: auto``: the fixed setting that serves this box's own recent traffic best."""
 
 from __future__ import annotations
 
@@ -200,7 +181,26 @@ def choose(figures: Sequence[Figures], current: Tuning) -> Choice:
 
 @dataclass(slots=True)
 class Tuner:
-    """When to replay, and what the last round chose (``status``)."""
+    """When to replay, and what the last round chose (``status``).
+
+    Every so often the tuner replays the last hour of arrivals (``scheduler.Traffic``)
+    through the scheduler core on a simulated box built from what the daemon has learned
+    (each service's peak and load time, the devices' sizes), once per candidate: every
+    fixed setting, then the best of them with the highest unpinned priority as ``protect:
+    never``, and the current choice. It keeps the candidates with no out-of-memory failure
+    that serve within their timeout at least ``1 - SERVED_TOLERANCE`` of the best
+    candidate's requests, and among them picks the highest priority-weighted SLO. It
+    switches only when the current choice is beaten by more than ``HYSTERESIS`` in two
+    rounds in a row (to the best of the second; the first round alone decides from the
+    untuned start), so one noisy window never flips it and traffic that does not change
+    keeps its choice; a current choice that no longer qualifies is replaced at once.
+
+    When: first ``FIRST_AFTER_S`` after start, then no sooner than ``MIN_INTERVAL_S`` after
+    the last round began and no sooner than its CPU time divided by ``CPU_SHARE``, so the
+    replays cost at most that share of one core on average. The daemon runs ``evaluate`` in
+    a background process at low priority (``worker``) and measures its CPU time; the
+    simulator runs it in place and charges ``REPLAY_CPU_S_PER_REQUEST`` per replayed request.
+    """
 
     started_at: float
     current: Tuning = field(default_factory=Tuning)

@@ -1,46 +1,4 @@
-"""vramd itself: the daemon's own decision loop (``service.scheduler.Pump``), not a copy.
-
-The daemon's kernel and this model run the same ``Pump`` over the same ``Scheduler``
-and differ only in their ``Effects``: this class implements that protocol on the
-virtual clock. It turns what happens on the simulated device into the events the real
-daemon feeds, and carries out the actions that come back:
-
-- time 0: a memory sample (one ``DeviceReading`` per simulated device), then
-  ``PolicyChanged`` (as ``Orchestrator.start`` does);
-  then a ``Tick`` every 0.2 s and a ``MemorySampled`` every ``device.sample_interval``,
-  plus one after every instance change (ready, failed, stopped).
-- ``Start``: the runtime starts loading on ``action.device`` (on every device of
-  ``action.spans`` for a service that spans several, its policy's share of its true
-  peak on each: ``SimBox.place``). After ``load_s`` it is
-  ready (``LearnedChanged`` with its load time, then ``InstanceReady``); if its true peak
-  does not fit it fails with out of memory, and the supervisor's own restart rules
-  (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` with
-  the backoff's deadline, or ``InstanceFailed``. The retry is the scheduler's
-  ``Start(retry=True)``, as in the daemon. As ``service.memory.doctor`` does, the first
-  out-of-memory of a retry chain is preceded by ``MakeRoom`` (evict everything
-  evictable before the retry); the next one closes that incident without another.
-- ``Stop(drain=True)``: nothing to do here (the scheduler stops granting).
-  ``Stop(drain=False)``: the process is terminated; ``InstanceStopped`` after
-  ``unload_s``, when its memory is gone (the settle barrier). Requests still in flight
-  on it fail (``killed``). A sleepable stop of a ``sleep: true`` service puts it to
-  sleep instead (``InstanceAsleep`` after ``unload_s``; the sleeper keeps nothing on
-  the simulated device), ``Start(wake=True)`` wakes it in ``wake_s``, and
-  ``StopSleeper`` ends it.
-- ``Grant``: the request is served for its ``duration_s``, then ``RequestFinished``.
-  ``Reject``: refused with its code. ``Note(evict)``: counted.
-- Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
-  raises the learned peak (``LearnedChanged``), as ``service.memory.sampling`` does.
-- ``yielding: auto``: the tuner (``tuner.Tuner``) is asked on every tick whether a round
-  is due, as the daemon's is; its replays run in place (the daemon runs them in a
-  background process) and its choice is fed as ``TuningChanged``. ``fixed_system``
-  makes the system that holds one fixed setting for every ``auto`` service instead
-  (``vramd:eager``, ...), and never tunes.
-
-Simplified away: the settle barrier's probe polling (memory is gone exactly at
-``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
-should keep true peaks under ``memory.cap``), crashes of ready runtimes, a sleeper's
-leftover context, maintenance windows and operator loads.
-"""
+"""vramd itself: the daemon's own decision loop (``service.scheduler.Pump``), not a copy."""
 
 from __future__ import annotations
 
@@ -100,6 +58,48 @@ class Proc:
 
 
 class Vramd(System):
+    """The daemon's kernel and this model run the same ``Pump`` over the same ``Scheduler``
+    and differ only in their ``Effects``: this class implements that protocol on the
+    virtual clock. It turns what happens on the simulated device into the events the real
+    daemon feeds, and carries out the actions that come back:
+
+    - time 0: a memory sample (one ``DeviceReading`` per simulated device), then
+      ``PolicyChanged`` (as ``Orchestrator.start`` does);
+      then a ``Tick`` every 0.2 s and a ``MemorySampled`` every ``device.sample_interval``,
+      plus one after every instance change (ready, failed, stopped).
+    - ``Start``: the runtime starts loading on ``action.device`` (on every device of
+      ``action.spans`` for a service that spans several, its policy's share of its true
+      peak on each: ``SimBox.place``). After ``load_s`` it is
+      ready (``LearnedChanged`` with its load time, then ``InstanceReady``); if its true peak
+      does not fit it fails with out of memory, and the supervisor's own restart rules
+      (``RestartTracker``: backoff, then give up) turn that into ``InstanceBackoff`` with
+      the backoff's deadline, or ``InstanceFailed``. The retry is the scheduler's
+      ``Start(retry=True)``, as in the daemon. As ``service.memory.doctor`` does, the first
+      out-of-memory of a retry chain is preceded by ``MakeRoom`` (evict everything
+      evictable before the retry); the next one closes that incident without another.
+    - ``Stop(drain=True)``: nothing to do here (the scheduler stops granting).
+      ``Stop(drain=False)``: the process is terminated; ``InstanceStopped`` after
+      ``unload_s``, when its memory is gone (the settle barrier). Requests still in flight
+      on it fail (``killed``). A sleepable stop of a ``sleep: true`` service puts it to
+      sleep instead (``InstanceAsleep`` after ``unload_s``; the sleeper keeps nothing on
+      the simulated device), ``Start(wake=True)`` wakes it in ``wake_s``, and
+      ``StopSleeper`` ends it.
+    - ``Grant``: the request is served for its ``duration_s``, then ``RequestFinished``.
+      ``Reject``: refused with its code. ``Note(evict)``: counted.
+    - Learned peaks: a sample whose footprint exceeds the expected peak by more than 1 %
+      raises the learned peak (``LearnedChanged``), as ``service.memory.sampling`` does.
+    - ``yielding: auto``: the tuner (``tuner.Tuner``) is asked on every tick whether a round
+      is due, as the daemon's is; its replays run in place (the daemon runs them in a
+      background process) and its choice is fed as ``TuningChanged``. ``fixed_system``
+      makes the system that holds one fixed setting for every ``auto`` service instead
+      (``vramd:eager``, ...), and never tunes.
+
+    Simplified away: the settle barrier's probe polling (memory is gone exactly at
+    ``InstanceStopped``), health polling and startup timeouts, over-cap handling (bench data
+    should keep true peaks under ``memory.cap``), crashes of ready runtimes, a sleeper's
+    leftover context, maintenance windows and operator loads.
+    """
+
     name = "vramd"
     # The setting every ``auto`` service holds (None: tuned, as the daemon does).
     fixed: ClassVar[Tuning | None] = None

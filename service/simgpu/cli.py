@@ -1,19 +1,4 @@
-"""``python -m service.simgpu``: make simulated GPUs, hold memory on them, look at them.
-
-    python -m service.simgpu init --state /tmp/gpus.json --gpu 24GiB --gpu 24GiB \\
-        [--reserved 512MiB] [--release-lag 0.5] [--context 16MiB] \\
-        [--fastest-first 1,0] [--max-block 4GiB | --max-block 4GiB,none]
-    export VRAMD_SIMULATED_GPUS=/tmp/gpus.json
-    python -m service.simgpu hold --device 0 --bytes 2GiB    # a foreign process, until killed
-    python -m service.simgpu fail --function nvmlDeviceGetMemoryInfo --error GPU_IS_LOST
-    python -m service.simgpu hang --seconds 10   # every NVML call blocks until then
-    python -m service.simgpu show [--json]
-
-Every command but ``init`` finds the state through ``--state`` or ``VRAMD_SIMULATED_GPUS``.
-``hold --device`` is an NVML index (PCI order); it prints one line once the memory is
-held and keeps it until SIGTERM, SIGINT or SIGKILL, and exits 1 with CUDA's
-out-of-memory line when it does not fit.
-"""
+"""``python -m service.simgpu``: make simulated GPUs, hold memory on them, look at them."""
 
 from __future__ import annotations
 
@@ -189,6 +174,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """    python -m service.simgpu init --state /tmp/gpus.json --gpu 24GiB --gpu 24GiB \
+            [--reserved 512MiB] [--release-lag 0.5] [--context 16MiB] \
+            [--fastest-first 1,0] [--max-block 4GiB | --max-block 4GiB,none]
+        export VRAMD_SIMULATED_GPUS=/tmp/gpus.json
+        python -m service.simgpu hold --device 0 --bytes 2GiB    # a foreign process, until killed
+        python -m service.simgpu fail --function nvmlDeviceGetMemoryInfo --error GPU_IS_LOST
+        python -m service.simgpu hang --seconds 10   # every NVML call blocks until then
+        python -m service.simgpu show [--json]
+
+    Every command but ``init`` finds the state through ``--state`` or ``VRAMD_SIMULATED_GPUS``.
+    ``hold --device`` is an NVML index (PCI order); it prints one line once the memory is
+    held and keeps it until SIGTERM, SIGINT or SIGKILL, and exits 1 with CUDA's
+    out-of-memory line when it does not fit.
+    """
     args = parser().parse_args(argv)
     try:
         code: int = args.run(args)

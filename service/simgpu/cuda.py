@@ -1,19 +1,4 @@
-"""The CUDA side of the simulation: which devices a process sees, and its allocations.
-
-A process on a real box reaches its GPUs through the CUDA runtime, which numbers them by
-``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``: the default order is fastest first,
-and only ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's ordinal ``i`` NVML's index ``i``.
-``visible_devices`` applies those rules to the simulated devices, so a runtime started
-without ``PCI_BUS_ID`` on a box whose cards differ allocates on another GPU than the
-one it was placed on, as it would for real.
-
-``CudaProcess`` allocates for the calling process: every allocation is checked against
-the device's free memory and largest free block under the state's lock, and fails with
-``OutOfMemory`` the way ``cudaMalloc`` does. Nothing is freed at exit on purpose: the
-simulation sees the pid gone and releases its memory after the release lag, as the
-driver does. Used by the demo runtime (``--gpu-memory``), ``python -m service.simgpu
-hold`` and gpucheck's children (``simulated_allocation``).
-"""
+"""The CUDA side of the simulation: which devices a process sees, and its allocations."""
 
 from __future__ import annotations
 
@@ -75,6 +60,20 @@ def visible_devices(state: State, environ: Mapping[str, str]) -> list[int]:
     Unset ``CUDA_VISIBLE_DEVICES`` shows every device; an entry is an ordinal in the
     enumeration order or a UUID (``GPU-...``, a prefix is enough), and as in CUDA an
     entry that names no device hides it and every entry after it.
+
+    A process on a real box reaches its GPUs through the CUDA runtime, which numbers them by
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``: the default order is fastest first,
+    and only ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's ordinal ``i`` NVML's index ``i``.
+    ``visible_devices`` applies those rules to the simulated devices, so a runtime started
+    without ``PCI_BUS_ID`` on a box whose cards differ allocates on another GPU than the
+    one it was placed on, as it would for real.
+
+    ``CudaProcess`` allocates for the calling process: every allocation is checked against
+    the device's free memory and largest free block under the state's lock, and fails with
+    ``OutOfMemory`` the way ``cudaMalloc`` does. Nothing is freed at exit on purpose: the
+    simulation sees the pid gone and releases its memory after the release lag, as the
+    driver does. Used by the demo runtime (``--gpu-memory``), ``python -m service.simgpu
+    hold`` and gpucheck's children (``simulated_allocation``).
     """
     count = len(state.devices)
     pci = environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID"

@@ -1,28 +1,4 @@
-"""``pynvml`` over the simulated GPUs: the names, answers and errors the probe expects.
-
-``service.devices`` imports this module in place of ``pynvml`` when
-``VRAMD_SIMULATED_GPUS`` is set, and ``NvmlProbe`` reads it unchanged. Each call reads
-the shared state (``service.simgpu.state``) afresh, so what demo runtimes, foreign
-holders and dead processes do shows up at the next sample, as it does through the real
-driver:
-
-- ``nvmlInit``/``nvmlShutdown`` keep a per-process reference count; any other call
-  before ``nvmlInit`` raises ``NVMLError_Uninitialized``. ``nvmlInit`` raises
-  ``NVMLError_DriverNotLoaded`` when the state file cannot be read.
-- ``nvmlDeviceGetMemoryInfo`` answers v1 (``used`` includes the driver's reserve, as on
-  current drivers) and, with ``version=nvmlMemory_v2``, v2 (``reserved`` apart).
-  ``used`` is the sum of the allocations listed, contexts and the dead processes still
-  inside their release lag included.
-- The compute and graphics process lists hold one entry per pid with an allocation of
-  that kind on the device; ``usedGpuMemory`` is the pid's whole use there (a pid with both
-  kinds appears in both lists with the same figure, as NVML reports it).
-- Scripted errors (``errors`` in the state) make the next N calls of a function raise.
-- A scripted hang (``hang_until``) blocks every call until then: a driver that stopped
-  answering, which must stall nothing but the probe's own thread.
-
-The error classes and codes are ``pynvml``'s own, re-exported, so ``except
-nvml.NVMLError`` and ``NVMLError(code)`` mapping to a subclass behave as in production.
-"""
+"""``pynvml`` over the simulated GPUs: the names, answers and errors the probe expects."""
 
 from __future__ import annotations
 
@@ -135,6 +111,29 @@ def _device(state: State, handle: Handle) -> int:
 
 
 def nvmlInit() -> None:
+    """``service.devices`` imports this module in place of ``pynvml`` when
+    ``VRAMD_SIMULATED_GPUS`` is set, and ``NvmlProbe`` reads it unchanged. Each call reads
+    the shared state (``service.simgpu.state``) afresh, so what demo runtimes, foreign
+    holders and dead processes do shows up at the next sample, as it does through the real
+    driver:
+
+    - ``nvmlInit``/``nvmlShutdown`` keep a per-process reference count; any other call
+      before ``nvmlInit`` raises ``NVMLError_Uninitialized``. ``nvmlInit`` raises
+      ``NVMLError_DriverNotLoaded`` when the state file cannot be read.
+    - ``nvmlDeviceGetMemoryInfo`` answers v1 (``used`` includes the driver's reserve, as on
+      current drivers) and, with ``version=nvmlMemory_v2``, v2 (``reserved`` apart).
+      ``used`` is the sum of the allocations listed, contexts and the dead processes still
+      inside their release lag included.
+    - The compute and graphics process lists hold one entry per pid with an allocation of
+      that kind on the device; ``usedGpuMemory`` is the pid's whole use there (a pid with both
+      kinds appears in both lists with the same figure, as NVML reports it).
+    - Scripted errors (``errors`` in the state) make the next N calls of a function raise.
+    - A scripted hang (``hang_until``) blocks every call until then: a driver that stopped
+      answering, which must stall nothing but the probe's own thread.
+
+    The error classes and codes are ``pynvml``'s own, re-exported, so ``except
+    nvml.NVMLError`` and ``NVMLError(code)`` mapping to a subclass behave as in production.
+    """
     global _initialised, _file
     with _lock:
         try:

@@ -1,33 +1,4 @@
-"""The shared state of the simulated GPUs: one JSON file that every process reads.
-
-The daemon's probe (through ``service.simgpu.nvml``), demo runtimes that hold "device
-memory", foreign holders and gpucheck's children are separate processes, so what the
-"driver" knows lives in a file named by ``VRAMD_SIMULATED_GPUS``:
-
-- ``devices``, in PCI bus order (a device's place in the list is its NVML index): name,
-  total, the memory the driver reserves for itself, PCI bus id, UUID, and an optional
-  ``max_block``: the largest contiguous block an allocation can get while another process
-  holds memory on the device (fragmentation: out-of-memory with more free in total).
-- ``fastest_first``: CUDA's default numbering, NVML indexes fastest first. CUDA ordinal
-  ``i`` is ``fastest_first[i]`` unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
-- ``allocations``: pid and process start time (a reused pid is not the old process),
-  device, bytes, ``compute`` or ``graphics``, and ``died_at`` once the process is seen
-  gone. Each process's first allocation on a device comes with a context allocation of
-  ``context_bytes``, as a CUDA context costs memory before any tensor does.
-- ``release_lag``: seconds a dead process's allocations stay listed after the simulation
-  first sees it gone; NVML keeps listing a process until the driver has torn its context
-  down, and that is what vramd's settle barrier waits for.
-- ``errors``: scripted NVML failures, a function name -> an NVML error name and how many
-  of the next calls raise it.
-- ``hang_until``: a wall-clock time before which every NVML call blocks, as calls into a
-  driver that stopped answering do (a GPU fallen off the bus hangs ``nvidia-smi``).
-
-Writers take an exclusive ``flock`` on a side file (``PATH.lock``; the state file itself
-is replaced on every write, so it cannot carry the lock), read, change, write a temporary
-file and rename it over the state. Readers take no lock: a rename is atomic, so they see
-the old file or the new one, never a torn one. Only the standard library is imported
-here, so the demo runtime still starts fast.
-"""
+"""The shared state of the simulated GPUs: one JSON file that every process reads."""
 
 from __future__ import annotations
 
@@ -90,6 +61,35 @@ class ScriptedError:
 
 @dataclass
 class State:
+    """The daemon's probe (through ``service.simgpu.nvml``), demo runtimes that hold "device
+    memory", foreign holders and gpucheck's children are separate processes, so what the
+    "driver" knows lives in a file named by ``VRAMD_SIMULATED_GPUS``:
+
+    - ``devices``, in PCI bus order (a device's place in the list is its NVML index): name,
+      total, the memory the driver reserves for itself, PCI bus id, UUID, and an optional
+      ``max_block``: the largest contiguous block an allocation can get while another process
+      holds memory on the device (fragmentation: out-of-memory with more free in total).
+    - ``fastest_first``: CUDA's default numbering, NVML indexes fastest first. CUDA ordinal
+      ``i`` is ``fastest_first[i]`` unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    - ``allocations``: pid and process start time (a reused pid is not the old process),
+      device, bytes, ``compute`` or ``graphics``, and ``died_at`` once the process is seen
+      gone. Each process's first allocation on a device comes with a context allocation of
+      ``context_bytes``, as a CUDA context costs memory before any tensor does.
+    - ``release_lag``: seconds a dead process's allocations stay listed after the simulation
+      first sees it gone; NVML keeps listing a process until the driver has torn its context
+      down, and that is what vramd's settle barrier waits for.
+    - ``errors``: scripted NVML failures, a function name -> an NVML error name and how many
+      of the next calls raise it.
+    - ``hang_until``: a wall-clock time before which every NVML call blocks, as calls into a
+      driver that stopped answering do (a GPU fallen off the bus hangs ``nvidia-smi``).
+
+    Writers take an exclusive ``flock`` on a side file (``PATH.lock``; the state file itself
+    is replaced on every write, so it cannot carry the lock), read, change, write a temporary
+    file and rename it over the state. Readers take no lock: a rename is atomic, so they see
+    the old file or the new one, never a torn one. Only the standard library is imported
+    here, so the demo runtime still starts fast.
+    """
+
     devices: list[Device]
     fastest_first: list[int]
     release_lag: float = DEFAULT_RELEASE_LAG

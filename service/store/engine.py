@@ -5,20 +5,6 @@ directory, migrates to the newest Alembic revision, proves that it can write, an
 every way this can fail (read-only file or directory, a lock held by another process, a
 full disk, a file that is not SQLite, a database from a newer vramd) into a ``StoreError``
 that names the file and says what to do, instead of a driver traceback.
-
-Every connection runs with WAL (readers never block the writer), ``foreign_keys=ON``
-(SQLite's default is off), a busy timeout (wait for a lock instead of failing at once) and
-``synchronous=NORMAL`` (durable enough with WAL, far fewer fsyncs at one sample a second).
-
-Transactions: the stdlib driver's "legacy" mode only BEGINs before DML, so reads are not
-isolated and DDL is not transactional. We switch it off and emit ``BEGIN IMMEDIATE``
-ourselves at the start of every transaction. IMMEDIATE takes the write lock up front, so
-a read-then-write (activating a policy version, bumping a counter) cannot fail half-way
-with SQLITE_BUSY, which the busy timeout cannot retry; in WAL mode readers outside
-vramd are not blocked by it. Migrations run inside one such transaction, so a failed
-migration leaves the file as it was. ``store.read()`` is the exception: a read-only
-transaction starts with a plain (deferred) ``BEGIN`` and never asks for the write lock, so
-with WAL it reads the last committed state even while another process holds that lock.
 """
 
 from __future__ import annotations
@@ -141,6 +127,20 @@ def open_store(db_path: str | Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEO
 
     Raises ``StoreError`` with an actionable message when the file cannot be used.
     ``busy_timeout_ms`` is how long to wait for a lock held by another process.
+
+    Every connection runs with WAL (readers never block the writer), ``foreign_keys=ON``
+    (SQLite's default is off), a busy timeout (wait for a lock instead of failing at once) and
+    ``synchronous=NORMAL`` (durable enough with WAL, far fewer fsyncs at one sample a second).
+
+    Transactions: the stdlib driver's "legacy" mode only BEGINs before DML, so reads are not
+    isolated and DDL is not transactional. We switch it off and emit ``BEGIN IMMEDIATE``
+    ourselves at the start of every transaction. IMMEDIATE takes the write lock up front, so
+    a read-then-write (activating a policy version, bumping a counter) cannot fail half-way
+    with SQLITE_BUSY, which the busy timeout cannot retry; in WAL mode readers outside
+    vramd are not blocked by it. Migrations run inside one such transaction, so a failed
+    migration leaves the file as it was. ``store.read()`` is the exception: a read-only
+    transaction starts with a plain (deferred) ``BEGIN`` and never asks for the write lock, so
+    with WAL it reads the last committed state even while another process holds that lock.
     """
     path = Path(db_path).expanduser().absolute()
     _check_path(path)

@@ -1,23 +1,4 @@
-"""The SQLite schema as typed SQLAlchemy models.
-
-Three kinds of table live here:
-
-- **rules**: ``policy_versions`` (every applied YAML text), ``services`` and
-  ``maintenance_windows`` (the active rules, normalized so they can be queried and
-  survive restarts);
-- **history**: ``instances``, ``events``, ``maintenance_runs``, ``incidents``;
-- **measurements**: ``device_samples``, ``instance_samples`` (downsampled, see
-  ``queries_samples``), ``service_stats`` (learned figures and counters) and
-  ``usage_hours`` (each client's use of each service, per hour).
-
-Conventions: timestamps are float epoch seconds, sizes are integer bytes (``*_bytes``),
-durations are float seconds (``*_s``). History tables name a service by its string, not
-by a foreign key, because history must outlive the service's rule. The only foreign keys
-point at ``policy_versions``, whose rows are never deleted.
-
-Any change here needs an Alembic revision in ``migrations/versions``;
-``tests/process/test_migrations.py`` fails when the two disagree.
-"""
+"""The SQLite schema as typed SQLAlchemy models."""
 
 from __future__ import annotations
 
@@ -57,6 +38,25 @@ COARSE = "1m"
 
 
 class Base(DeclarativeBase):
+    """Three kinds of table live here:
+
+    - **rules**: ``policy_versions`` (every applied YAML text), ``services`` and
+      ``maintenance_windows`` (the active rules, normalized so they can be queried and
+      survive restarts);
+    - **history**: ``instances``, ``events``, ``maintenance_runs``, ``incidents``;
+    - **measurements**: ``device_samples``, ``instance_samples`` (downsampled, see
+      ``queries_samples``), ``service_stats`` (learned figures and counters) and
+      ``usage_hours`` (each client's use of each service, per hour).
+
+    Conventions: timestamps are float epoch seconds, sizes are integer bytes (``*_bytes``),
+    durations are float seconds (``*_s``). History tables name a service by its string, not
+    by a foreign key, because history must outlive the service's rule. The only foreign keys
+    point at ``policy_versions``, whose rows are never deleted.
+
+    Any change here needs an Alembic revision in ``migrations/versions``;
+    ``tests/process/test_migrations.py`` fails when the two disagree.
+    """
+
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 

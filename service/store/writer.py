@@ -1,40 +1,4 @@
-"""The store's one writer: a queue and one thread, so SQLite stays off the event loop.
-
-A locked or slow database delays records, never requests, and loses none of them
-(docs/operations.md, "The database while serving"). Producers (the event loop, the
-watchdog's thread) put a write on a queue and go on at once; one thread drains the queue
-and commits what it finds in one transaction. The model is the standard library's
-``QueueHandler`` / ``QueueListener``::
-
-    writer = StoreWriter(store)
-    writer.start()
-    writer.put(lambda session: queries.add_device_samples(session, rows=rows))
-    event_id = writer.put_row("events", lambda s, row_id: queries.record_event(s, id=row_id, ...))
-    deleted = await writer.call(lambda s: queries.delete_api_window(s, name=name))
-    await writer.flushed(timeout=2.0)    # what was put before this is committed
-    writer.close()                       # flush and join on shutdown: nothing queued is lost
-
-A write is a function of a session (the transaction it runs in, with the batch's other
-writes). Failures:
-
-- The database is locked ("database is locked": another process holds the write lock,
-  which SQLite's busy timeout already waited for): the same batch is tried again after a
-  pause that doubles up to ``MAX_BACKOFF_S``, for as long as it takes. Nothing is dropped,
-  and the loop never notices.
-- Anything else (a full or read-only disk, a bug in a write): the batch is tried one
-  write at a time, so one bad write cannot take the others with it; a write that fails
-  alone is logged and dropped, as a refused record was before this writer existed.
-
-A caller that needs an answer (whether a row was there to delete, a policy's version)
-``await``s ``call``: the write goes through the same queue, and the caller's future is
-resolved once its batch has committed (or with the write's own exception).
-
-Row ids: the daemon is its database's only writer (``DatabaseLock``), so the ids of new
-events, instances, incidents and maintenance runs are counted here, from the largest
-found at startup, and a producer learns a row's id when it puts the row, without waiting
-for SQLite. Ids are counted and put under one lock, so rows are committed in the order
-of their ids (a reader paging events by id never skips one).
-"""
+"""The store's one writer: a queue and one thread, so SQLite stays off the event loop."""
 
 from __future__ import annotations
 
@@ -94,7 +58,45 @@ class _Answered(Generic[T]):
 
 
 class StoreWriter:
-    """Commits writes in its own thread, in the order they were put."""
+    """Commits writes in its own thread, in the order they were put.
+
+    A locked or slow database delays records, never requests, and loses none of them
+    (docs/operations.md, "The database while serving"). Producers (the event loop, the
+    watchdog's thread) put a write on a queue and go on at once; one thread drains the queue
+    and commits what it finds in one transaction. The model is the standard library's
+    ``QueueHandler`` / ``QueueListener``::
+
+        writer = StoreWriter(store)
+        writer.start()
+        writer.put(lambda session: queries.add_device_samples(session, rows=rows))
+        event_id = writer.put_row(
+            "events", lambda s, row_id: queries.record_event(s, id=row_id, ...)
+        )
+        deleted = await writer.call(lambda s: queries.delete_api_window(s, name=name))
+        await writer.flushed(timeout=2.0)    # what was put before this is committed
+        writer.close()                       # flush and join on shutdown: nothing queued is lost
+
+    A write is a function of a session (the transaction it runs in, with the batch's other
+    writes). Failures:
+
+    - The database is locked ("database is locked": another process holds the write lock,
+      which SQLite's busy timeout already waited for): the same batch is tried again after a
+      pause that doubles up to ``MAX_BACKOFF_S``, for as long as it takes. Nothing is dropped,
+      and the loop never notices.
+    - Anything else (a full or read-only disk, a bug in a write): the batch is tried one
+      write at a time, so one bad write cannot take the others with it; a write that fails
+      alone is logged and dropped, as a refused record was before this writer existed.
+
+    A caller that needs an answer (whether a row was there to delete, a policy's version)
+    ``await``s ``call``: the write goes through the same queue, and the caller's future is
+    resolved once its batch has committed (or with the write's own exception).
+
+    Row ids: the daemon is its database's only writer (``DatabaseLock``), so the ids of new
+    events, instances, incidents and maintenance runs are counted here, from the largest
+    found at startup, and a producer learns a row's id when it puts the row, without waiting
+    for SQLite. Ids are counted and put under one lock, so rows are committed in the order
+    of their ids (a reader paging events by id never skips one).
+    """
 
     def __init__(self, store: Store, *, batch_max: int = BATCH_MAX, id_gap: int = 0) -> None:
         """``id_gap``: counted ids start this far past the last ones, where a daemon being

@@ -1,22 +1,4 @@
-"""Restart backoff, give-up and crash-loop detection, as pure arithmetic over given times.
-
-Two faults look alike from outside (the process ended) and are told apart by whether
-the instance ever became ready (docs/reliability.md, "Restarts"):
-
-- **A start that never became ready** (a missing file, a model that cannot load, a
-  runtime that dies while loading): retried after ``backoff``, ``2·backoff``,
-  ``4·backoff`` … capped at ``max_backoff``; after ``max_retries`` such starts in a row,
-  the next one gives up: the instance goes FAILED and stays there until someone asks
-  for a load. Retrying a binary that cannot start for ever helps nobody.
-- **A ready instance that died** (the OOM killer, a driver reset, a kill): it has shown
-  that it can come up, so it is never given up on. It is restarted with the same
-  doubling backoff, and it *is crash-looping* while it has died ``max_retries`` times
-  (at least once) within ``LOOP_WINDOW_S``. Becoming ready again ends a run of failed
-  starts; staying ready for ``stable_after_s`` also resets the backoff to its first step.
-
-Nothing here reads a clock or sleeps: the caller passes ``now`` (monotonic seconds), so
-every schedule can be checked with plain numbers.
-"""
+"""Restart backoff, give-up and crash-loop detection, as pure arithmetic over given times."""
 
 from __future__ import annotations
 
@@ -88,7 +70,25 @@ class RestartDecision:
 
 
 class RestartTracker:
-    """Counts one instance's failures and turns them into decisions."""
+    """Counts one instance's failures and turns them into decisions.
+
+    Two faults look alike from outside (the process ended) and are told apart by whether
+    the instance ever became ready (docs/reliability.md, "Restarts"):
+
+    - **A start that never became ready** (a missing file, a model that cannot load, a
+      runtime that dies while loading): retried after ``backoff``, ``2·backoff``,
+      ``4·backoff`` … capped at ``max_backoff``; after ``max_retries`` such starts in a row,
+      the next one gives up: the instance goes FAILED and stays there until someone asks
+      for a load. Retrying a binary that cannot start for ever helps nobody.
+    - **A ready instance that died** (the OOM killer, a driver reset, a kill): it has shown
+      that it can come up, so it is never given up on. It is restarted with the same
+      doubling backoff, and it *is crash-looping* while it has died ``max_retries`` times
+      (at least once) within ``LOOP_WINDOW_S``. Becoming ready again ends a run of failed
+      starts; staying ready for ``stable_after_s`` also resets the backoff to its first step.
+
+    Nothing here reads a clock or sleeps: the caller passes ``now`` (monotonic seconds), so
+    every schedule can be checked with plain numbers.
+    """
 
     def __init__(self, policy: RestartPolicy) -> None:
         self.policy = policy

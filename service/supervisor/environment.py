@@ -1,15 +1,4 @@
-"""The environment a runtime process starts with.
-
-A runtime gets a minimal environment, not a copy of the daemon's: the daemon's own
-configuration (``VRAMD_*`` variables, API and admin keys, cloud credentials someone
-exported in the unit file) must never reach a third-party binary that logs its
-environment or hands it to plugins. Only the variables named in ``INHERITED`` pass
-through, each for a stated reason; everything else a service needs is set explicitly in
-its policy ``env`` (the ``extra`` mapping), which wins over anything inherited.
-
-``CUDA_VISIBLE_DEVICES`` is deliberately not inherited: the orchestrator chooses the
-device per instance and passes it in ``extra``.
-"""
+"""The environment a runtime process starts with."""
 
 from __future__ import annotations
 
@@ -38,7 +27,18 @@ INHERITED: Mapping[str, str] = {
 def runtime_environment(
     extra: Mapping[str, str], *, base: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
-    """The allow-listed part of ``base`` overlaid with ``extra``."""
+    """The allow-listed part of ``base`` overlaid with ``extra``.
+
+    A runtime gets a minimal environment, not a copy of the daemon's: the daemon's own
+    configuration (``VRAMD_*`` variables, API and admin keys, cloud credentials someone
+    exported in the unit file) must never reach a third-party binary that logs its
+    environment or hands it to plugins. Only the variables named in ``INHERITED`` pass
+    through, each for a stated reason; everything else a service needs is set explicitly in
+    its policy ``env`` (the ``extra`` mapping), which wins over anything inherited.
+
+    ``CUDA_VISIBLE_DEVICES`` is deliberately not inherited: the orchestrator chooses the
+    device per instance and passes it in ``extra``.
+    """
     env = {name: base[name] for name in INHERITED if name in base}
     env.update(extra)
     return env

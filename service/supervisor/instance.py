@@ -1,28 +1,4 @@
-"""One runtime instance: its lifecycle state, its restarts, and the requests it takes.
-
-The lifecycle is ``domain.InstanceState``; every change goes through ``_set_state``,
-which checks ``domain.TRANSITIONS`` and tells the owner (``on_state``) why. The table is
-used unchanged:
-
-    STOPPED/FAILED --start()--> STARTING --health ok--> READY --begin_draining()--> DRAINING
-    STARTING/READY --exit, not ready in time--> BACKOFF (restart due) or FAILED (gave up)
-    BACKOFF --delay passed--> STARTING        DRAINING --exit--> STOPPED (it was leaving)
-    STARTING/READY/DRAINING --stop()--> STOPPING --> STOPPED (FAILED if it survives SIGKILL)
-    BACKOFF/FAILED --stop()--> STOPPED        STARTING --command not found--> FAILED
-
-A failed start goes straight to BACKOFF or FAILED, a crash of a ready instance to
-BACKOFF: the restart tracker (``backoff``) decides, and only starts that never became
-ready count towards ``max_retries`` (a runtime that keeps coming up is never given up
-on; it is flagged crash-looping instead). Backoff is a state with a deadline (``backoff_until``)
-that ``vramd ps`` can show, not a retry loop hidden inside ``start``: the instance waits
-in BACKOFF for its owner to ``start`` it again, so the retry is a decision like any
-other (the daemon's scheduler issues it once the deadline has passed and memory allows).
-
-Each start creates one ``ProcessRun`` (``run.py``), run by one task that owns that
-process until it is reaped. ``start`` and ``stop`` only ask it, so a caller that stops
-waiting for ``start`` (a client went away) does not cancel a load that others wait for,
-and a stop arriving mid-start is carried out by the same task.
-"""
+"""One runtime instance: its lifecycle state, its restarts, and the requests it takes."""
 
 from __future__ import annotations
 
@@ -69,7 +45,31 @@ class StartFailed(VramdError):
 
 
 class Instance:
-    """The single owner of one service's runtime process and its state."""
+    """The single owner of one service's runtime process and its state.
+
+    The lifecycle is ``domain.InstanceState``; every change goes through ``_set_state``,
+    which checks ``domain.TRANSITIONS`` and tells the owner (``on_state``) why. The table is
+    used unchanged:
+
+        STOPPED/FAILED --start()--> STARTING --health ok--> READY --begin_draining()--> DRAINING
+        STARTING/READY --exit, not ready in time--> BACKOFF (restart due) or FAILED (gave up)
+        BACKOFF --delay passed--> STARTING        DRAINING --exit--> STOPPED (it was leaving)
+        STARTING/READY/DRAINING --stop()--> STOPPING --> STOPPED (FAILED if it survives SIGKILL)
+        BACKOFF/FAILED --stop()--> STOPPED        STARTING --command not found--> FAILED
+
+    A failed start goes straight to BACKOFF or FAILED, a crash of a ready instance to
+    BACKOFF: the restart tracker (``backoff``) decides, and only starts that never became
+    ready count towards ``max_retries`` (a runtime that keeps coming up is never given up
+    on; it is flagged crash-looping instead). Backoff is a state with a deadline (``backoff_until``)
+    that ``vramd ps`` can show, not a retry loop hidden inside ``start``: the instance waits
+    in BACKOFF for its owner to ``start`` it again, so the retry is a decision like any
+    other (the daemon's scheduler issues it once the deadline has passed and memory allows).
+
+    Each start creates one ``ProcessRun`` (``run.py``), run by one task that owns that
+    process until it is reaped. ``start`` and ``stop`` only ask it, so a caller that stops
+    waiting for ``start`` (a client went away) does not cancel a load that others wait for,
+    and a stop arriving mid-start is carried out by the same task.
+    """
 
     def __init__(
         self,

@@ -4,14 +4,7 @@ Runtimes can be chatty (llama.cpp logs every request) and run for weeks, so thei
 is kept in a fixed-size ring per instance (docs/operations.md, "Security defaults"):
 enough to show an operator the recent past through ``/api/services/{name}/logs`` and to
 explain a failed start, never enough to grow the daemon's memory. One overlong line (a
-progress bar redrawn with ``\\r`` for minutes, a dumped tensor) is cut, not kept whole.
-
-Each line carries a sequence number that keeps counting across evictions, so a caller can
-ask for "stderr since this process was spawned" and not blame a new process for the
-last words of the previous one.
-
-A listener (``listen``) hears each line as it is appended: the supervisor uses it to
-poll health the moment a runtime prints that it is ready, instead of at its next poll.
+progress bar redrawn with ``\r`` for minutes, a dumped tensor) is cut, not kept whole.
 """
 
 from __future__ import annotations

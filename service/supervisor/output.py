@@ -5,13 +5,6 @@ A runtime writes its stdout and stderr to files of its own (``<dir>/<name>.out``
 and a runtime whose daemon died would get SIGPIPE (or block) on its next log line. A file
 outlives the daemon, and the next one goes on reading it where it left off
 (docs/operations.md, "Restarts and upgrades").
-
-``OutputFollower`` reads what is appended, on the event loop, as the runtime writes it:
-inotify tells it when a file grew (where the kernel has it; otherwise it polls every
-``POLL_S``). Lines go to the ring through a ``LineSplitter`` per stream. Disk use stays
-bounded without losing a line: the part already read, but for the last ``KEEP_BYTES``
-(what a daemon adopting the runtime reads back), is punched out of the file
-(``FALLOC_FL_PUNCH_HOLE``), so the file keeps its length but not its blocks.
 """
 
 from __future__ import annotations
@@ -138,6 +131,13 @@ class OutputFollower:
 
     ``from_end``: start near the end (an adopted runtime's earlier output was read by the
     daemon that started it; the last ``KEEP_BYTES`` are read back for context).
+
+    ``OutputFollower`` reads what is appended, on the event loop, as the runtime writes it:
+    inotify tells it when a file grew (where the kernel has it; otherwise it polls every
+    ``POLL_S``). Lines go to the ring through a ``LineSplitter`` per stream. Disk use stays
+    bounded without losing a line: the part already read, but for the last ``KEEP_BYTES``
+    (what a daemon adopting the runtime reads back), is punched out of the file
+    (``FALLOC_FL_PUNCH_HOLE``), so the file keeps its length but not its blocks.
     """
 
     def __init__(

@@ -1,28 +1,4 @@
-"""Starting a runtime as a process group of its own, and the one object that signals it.
-
-Every runtime runs in a session (and so a process group) of its own, created by
-``start_new_session=True``. Runtimes fork: llama.cpp's RPC workers, vLLM's engine core
-and tokenizer processes, Python launchers that exec a worker. Signalling only the pid we
-started would orphan those children, and they keep holding device memory. Signalling the
-group (``os.killpg``) reaches all of them, and the group id doubles as the handle the
-startup reaper (``reaper.py``) uses for whatever a crashed daemon left behind. A new
-session also detaches the runtime from the daemon's terminal, so a Ctrl-C meant for
-``vramd serve`` does not kill runtimes behind the supervisor's back.
-
-Nothing a runtime needs depends on the daemon's process (docs/operations.md, "Restarts
-and upgrades"): its output goes to files (``output.py``), not pipes; no parent-death
-signal is set; its group is its own. So a runtime outlives a daemon that crashed or was
-told to leave it running, and the next daemon can adopt it (``AdoptedProcess``): the same
-signalling, its exit seen on a pidfd (a pidfd works for any process, not only children;
-only the exit status is then unknown), its output followed from the same files.
-
-A spawned runtime's exit is watched on a pidfd (Linux 5.3+), or by a thread blocked in
-``waitpid`` elsewhere. ``subprocess.Popen`` forks with vfork, not a fork of the whole
-daemon.
-
-Commands are argv lists and never go through a shell (docs/operations.md, "Security
-defaults").
-"""
+"""Starting a runtime as a process group of its own, and the one object that signals it."""
 
 from __future__ import annotations
 
@@ -107,6 +83,30 @@ class RuntimeProcess(Protocol):
 
 
 class ProcessLauncher(Protocol):
+    """Every runtime runs in a session (and so a process group) of its own, created by
+    ``start_new_session=True``. Runtimes fork: llama.cpp's RPC workers, vLLM's engine core
+    and tokenizer processes, Python launchers that exec a worker. Signalling only the pid we
+    started would orphan those children, and they keep holding device memory. Signalling the
+    group (``os.killpg``) reaches all of them, and the group id doubles as the handle the
+    startup reaper (``reaper.py``) uses for whatever a crashed daemon left behind. A new
+    session also detaches the runtime from the daemon's terminal, so a Ctrl-C meant for
+    ``vramd serve`` does not kill runtimes behind the supervisor's back.
+
+    Nothing a runtime needs depends on the daemon's process (docs/operations.md, "Restarts
+    and upgrades"): its output goes to files (``output.py``), not pipes; no parent-death
+    signal is set; its group is its own. So a runtime outlives a daemon that crashed or was
+    told to leave it running, and the next daemon can adopt it (``AdoptedProcess``): the same
+    signalling, its exit seen on a pidfd (a pidfd works for any process, not only children;
+    only the exit status is then unknown), its output followed from the same files.
+
+    A spawned runtime's exit is watched on a pidfd (Linux 5.3+), or by a thread blocked in
+    ``waitpid`` elsewhere. ``subprocess.Popen`` forks with vfork, not a fork of the whole
+    daemon.
+
+    Commands are argv lists and never go through a shell (docs/operations.md, "Security
+    defaults").
+    """
+
     async def spawn(
         self,
         argv: Sequence[str],

@@ -1,23 +1,4 @@
-"""Startup reaping of runtimes that a previous daemon left running.
-
-The daemon records every runtime's pid, process group and kernel start time in SQLite
-before the runtime counts as started. If the daemon dies without stopping them (SIGKILL,
-OOM killer, power cut of the service manager only), those runtimes keep running and keep
-holding device memory that the new daemon would count as foreign. At startup the new
-daemon hands the records of instances that were never marked stopped to
-``reap_orphans``, which stops what is still ours (docs/operations.md, "Security defaults").
-
-"Still ours" is decided by the start time, not the pid: pids are recycled, and killing
-whatever process now has an old pid would be worse than leaking. So:
-
-- the leader pid alive with a matching start time (±``tolerance_s``): ours;
-- the leader pid alive with another start time: a stranger; nothing is touched;
-- members of the recorded group created at or after the recorded start time: the
-  orphan's children, ours even when the leader itself is gone (a process group id stays
-  reserved while any member lives, so a group with members is still the original one).
-
-Blocking and synchronous: it runs once at startup, before the event loop serves anything.
-"""
+"""Startup reaping of runtimes that a previous daemon left running."""
 
 from __future__ import annotations
 
@@ -79,7 +60,26 @@ def reap_orphans(
     grace_s: float = 2.0,
     tolerance_s: float = START_TIME_TOLERANCE_S,
 ) -> list[ReapResult]:
-    """SIGTERM what is still ours, wait up to ``grace_s`` (all records together), SIGKILL."""
+    """SIGTERM what is still ours, wait up to ``grace_s`` (all records together), SIGKILL.
+
+    The daemon records every runtime's pid, process group and kernel start time in SQLite
+    before the runtime counts as started. If the daemon dies without stopping them (SIGKILL,
+    OOM killer, power cut of the service manager only), those runtimes keep running and keep
+    holding device memory that the new daemon would count as foreign. At startup the new
+    daemon hands the records of instances that were never marked stopped to
+    ``reap_orphans``, which stops what is still ours (docs/operations.md, "Security defaults").
+
+    "Still ours" is decided by the start time, not the pid: pids are recycled, and killing
+    whatever process now has an old pid would be worse than leaking. So:
+
+    - the leader pid alive with a matching start time (±``tolerance_s``): ours;
+    - the leader pid alive with another start time: a stranger; nothing is touched;
+    - members of the recorded group created at or after the recorded start time: the
+      orphan's children, ours even when the leader itself is gone (a process group id stays
+      reserved while any member lives, so a group with members is still the original one).
+
+    Blocking and synchronous: it runs once at startup, before the event loop serves anything.
+    """
     found: list[tuple[OrphanRecord, list[psutil.Process], str]] = []
     for record in records:
         members, detail = _ours(record, tolerance_s)

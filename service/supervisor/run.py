@@ -1,23 +1,4 @@
-"""One process of an instance, from spawn until it is reaped.
-
-A ``ProcessRun`` is the only code that signals or waits for its process, so two
-coroutines never race to kill or reap the same pid. It spawns, lets the owner record the
-process (``on_spawned``), polls health until an answer means ready (``health_ok``, the
-runtime's adapter's) while watching for an early exit and the startup deadline, then
-watches for the exit, and carries out a stop request (SIGTERM
-to the group, grace, SIGKILL, reap, SIGKILL again for members that outlived the leader).
-Every wait is a race with the process's exit, so nothing waits for a dead process.
-
-Health is polled at once when the runtime prints its ready line (``ready_line``, the
-adapter's: llama-server's "model loaded"), so a swap does not wait out a poll delay; the
-line only triggers the poll, an answer from health still decides. Without one, or until
-it comes, polls start a few milliseconds apart and spread out as the load goes on
-(``health_poll_delay``).
-
-It decides no lifecycle state: it calls ``on_ready`` when health answers and returns a
-``RunResult`` saying how the process ended; the ``Instance`` turns that into STOPPED,
-BACKOFF or FAILED.
-"""
+"""One process of an instance, from spawn until it is reaped."""
 
 from __future__ import annotations
 
@@ -112,6 +93,25 @@ class RunResult:
 
 
 class ProcessRun:
+    """A ``ProcessRun`` is the only code that signals or waits for its process, so two
+    coroutines never race to kill or reap the same pid. It spawns, lets the owner record the
+    process (``on_spawned``), polls health until an answer means ready (``health_ok``, the
+    runtime's adapter's) while watching for an early exit and the startup deadline, then
+    watches for the exit, and carries out a stop request (SIGTERM
+    to the group, grace, SIGKILL, reap, SIGKILL again for members that outlived the leader).
+    Every wait is a race with the process's exit, so nothing waits for a dead process.
+
+    Health is polled at once when the runtime prints its ready line (``ready_line``, the
+    adapter's: llama-server's "model loaded"), so a swap does not wait out a poll delay; the
+    line only triggers the poll, an answer from health still decides. Without one, or until
+    it comes, polls start a few milliseconds apart and spread out as the load goes on
+    (``health_poll_delay``).
+
+    It decides no lifecycle state: it calls ``on_ready`` when health answers and returns a
+    ``RunResult`` saying how the process ended; the ``Instance`` turns that into STOPPED,
+    BACKOFF or FAILED.
+    """
+
     def __init__(
         self,
         spec: LaunchSpec,

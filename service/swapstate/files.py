@@ -1,17 +1,5 @@
 """A service's state directory: the saved slot files, their manifest, and the identity
 they belong to (docs/policy.md, "State across swaps").
-
-``${STATE_DIR}`` is ``state/<service>`` beside the database. llama-server writes the
-slot files there itself (``--slot-save-path``); vramd writes ``vramd-state.json`` beside
-them: which slot each file holds, its tokens, bytes and when it was saved, the identity
-of the runtime that saved them, and whether restores were found not to work for that
-identity. Every write of the manifest replaces it whole (write, fsync, rename), so a
-crash leaves the old manifest or the new one, never half of one.
-
-The identity is what the saved bytes are only valid for: the command line and env as the
-policy writes them (placeholders unexpanded, so a new port is not a new runtime), and
-the size and mtime of every file the command names. A changed model, context size or
-build never gets old state restored into it.
 """
 
 from __future__ import annotations
@@ -131,7 +119,20 @@ class Manifest:
 
 
 class StateDir:
-    """One service's ``${STATE_DIR}``: created with the daemon's user only (0700)."""
+    """One service's ``${STATE_DIR}``: created with the daemon's user only (0700).
+
+    ``${STATE_DIR}`` is ``state/<service>`` beside the database. llama-server writes the
+    slot files there itself (``--slot-save-path``); vramd writes ``vramd-state.json`` beside
+    them: which slot each file holds, its tokens, bytes and when it was saved, the identity
+    of the runtime that saved them, and whether restores were found not to work for that
+    identity. Every write of the manifest replaces it whole (write, fsync, rename), so a
+    crash leaves the old manifest or the new one, never half of one.
+
+    The identity is what the saved bytes are only valid for: the command line and env as the
+    policy writes them (placeholders unexpanded, so a new port is not a new runtime), and
+    the size and mtime of every file the command names. A changed model, context size or
+    build never gets old state restored into it.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path

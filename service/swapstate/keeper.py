@@ -1,21 +1,5 @@
 """StateKeeper: saves a service's slots before every stop vramd chooses, restores them
 after the next start, and checks that they took (docs/policy.md, "State across swaps").
-
-The kernel's effects call it at two moments, and it never holds up more than it must:
-
-- ``save`` runs after a stop is decided and before the process is signalled (the
-  instance takes no new requests by then). Each slot that may hold tokens is saved to a
-  temporary name and renamed once llama-server answers, so a stop that cuts a save short
-  leaves the previous file. The disk budget then drops the oldest files.
-- ``restore`` runs after the new instance answers health and before the scheduler
-  hears it is ready, so no request can land in a slot being restored. Each call has a
-  timeout sized to the bytes to read; a restore that fails or hangs is an event and the
-  instance is declared ready anyway.
-
-A crash saves nothing: ``save`` is only called on stops vramd carries out; what was saved
-before stays. State is dropped, with an event that says why, when the runtime's identity
-(``files.Identity``) no longer matches, and when a restore is seen to have done nothing
-(``state-ineffective``): then saving stops for that service until its command changes.
 """
 
 from __future__ import annotations
@@ -85,6 +69,23 @@ class _Service:
 
 
 class StateKeeper:
+    """The kernel's effects call it at two moments, and it never holds up more than it must:
+
+    - ``save`` runs after a stop is decided and before the process is signalled (the
+      instance takes no new requests by then). Each slot that may hold tokens is saved to a
+      temporary name and renamed once llama-server answers, so a stop that cuts a save short
+      leaves the previous file. The disk budget then drops the oldest files.
+    - ``restore`` runs after the new instance answers health and before the scheduler
+      hears it is ready, so no request can land in a slot being restored. Each call has a
+      timeout sized to the bytes to read; a restore that fails or hangs is an event and the
+      instance is declared ready anyway.
+
+    A crash saves nothing: ``save`` is only called on stops vramd carries out; what was saved
+    before stays. State is dropped, with an event that says why, when the runtime's identity
+    (``files.Identity``) no longer matches, and when a restore is seen to have done nothing
+    (``state-ineffective``): then saving stops for that service until its command changes.
+    """
+
     def __init__(
         self,
         root: Path | None,

@@ -1,15 +1,4 @@
-"""llama-server's slot API, as vramd uses it to save and restore a prompt cache.
-
-``GET /slots`` lists the slots (``id``; ``n_prompt_tokens`` and the ``prompt`` and
-``generated`` text once a slot has served a task). ``POST /slots/{id}?action=save`` with
-``{"filename": NAME}`` writes the slot's tokens and KV cache to ``--slot-save-path``/NAME
-and answers ``n_saved`` (tokens), ``n_written`` (bytes) and ``timings.save_ms``;
-``action=restore`` reads it back into the slot and answers ``n_restored``, ``n_read``
-and ``timings.restore_ms``. A slot that is busy defers the action until it is idle.
-
-Everything here raises ``SlotActionFailed`` with a sentence for the event log: an HTTP
-error, a timeout, an answer without the figures.
-"""
+"""llama-server's slot API, as vramd uses it to save and restore a prompt cache."""
 
 from __future__ import annotations
 
@@ -56,6 +45,16 @@ async def list_slots(client: httpx.AsyncClient, *, timeout_s: float) -> list[Slo
 async def save_slot(
     client: httpx.AsyncClient, slot: int, filename: str, *, timeout_s: float
 ) -> SlotAction:
+    """``GET /slots`` lists the slots (``id``; ``n_prompt_tokens`` and the ``prompt`` and
+    ``generated`` text once a slot has served a task). ``POST /slots/{id}?action=save`` with
+    ``{"filename": NAME}`` writes the slot's tokens and KV cache to ``--slot-save-path``/NAME
+    and answers ``n_saved`` (tokens), ``n_written`` (bytes) and ``timings.save_ms``;
+    ``action=restore`` reads it back into the slot and answers ``n_restored``, ``n_read``
+    and ``timings.restore_ms``. A slot that is busy defers the action until it is idle.
+
+    Everything here raises ``SlotActionFailed`` with a sentence for the event log: an HTTP
+    error, a timeout, an answer without the figures.
+    """
     answer = await _call(client, "POST", f"/slots/{slot}?action=save", filename, timeout_s)
     return _action(answer, slot, "n_saved", "n_written", "save_ms")
 

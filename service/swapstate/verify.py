@@ -1,18 +1,4 @@
-"""Did a restore take? Read from the first answer that extends a restored prefix.
-
-A restore can answer success and do nothing (hybrid and sliding-window models, a loaded
-mmproj, build quirks), so vramd checks what the runtime then does: llama-server's answers
-carry ``timings`` with ``prompt_n`` (prompt tokens processed) and ``cache_n`` (prompt
-tokens taken from the slot's cache). The first request that continues a restored
-conversation should re-process only its new tokens: ``cache_n`` > 0. One that shows
-``cache_n`` = 0 means the restore did nothing.
-
-Which request continues a restored conversation is judged conservatively, since a wrong
-"ineffective" turns saving off: its prompt is at least 90 % as long as the restored
-tokens, it has earlier turns, and -- where the runtime told vramd the slot's text when it
-was saved -- its first message begins the same way as that text, and its last earlier
-turn ends as the text did. Anything else is not evidence either way.
-"""
+"""Did a restore take? Read from the first answer that extends a restored prefix."""
 
 from __future__ import annotations
 
@@ -102,7 +88,21 @@ def continues(slot: Restored, turns: list[str], prompt_tokens: int) -> bool:
 
 
 def verdict(restored: list[Restored], request: bytes, answer: bytes) -> tuple[bool, int] | None:
-    """(took, tokens not re-processed) if this exchange says whether the restore took."""
+    """(took, tokens not re-processed) if this exchange says whether the restore took.
+
+    A restore can answer success and do nothing (hybrid and sliding-window models, a loaded
+    mmproj, build quirks), so vramd checks what the runtime then does: llama-server's answers
+    carry ``timings`` with ``prompt_n`` (prompt tokens processed) and ``cache_n`` (prompt
+    tokens taken from the slot's cache). The first request that continues a restored
+    conversation should re-process only its new tokens: ``cache_n`` > 0. One that shows
+    ``cache_n`` = 0 means the restore did nothing.
+
+    Which request continues a restored conversation is judged conservatively, since a wrong
+    "ineffective" turns saving off: its prompt is at least 90 % as long as the restored
+    tokens, it has earlier turns, and -- where the runtime told vramd the slot's text when it
+    was saved -- its first message begins the same way as that text, and its last earlier
+    turn ends as the text did. Anything else is not evidence either way.
+    """
     timings = timings_of(answer)
     if timings is None:
         return None

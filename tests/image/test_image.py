@@ -22,10 +22,9 @@ import httpx
 import psutil
 import pytest
 import yaml
-
-from tests.support.container import Container, Engine, Mount, container_engine
-from tests.support.deployment import ImageFacts, from_dockerfile
-from tests.support.ports import free_port
+from support.container import Container, Engine, Mount, container_engine
+from support.deployment import ImageFacts, from_dockerfile
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("IMAGE", "localhost/vramd:latest")

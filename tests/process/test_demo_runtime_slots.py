@@ -11,8 +11,7 @@ import json
 import struct
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 from support.demo import DEMO_CMD, REPO_ROOT, DemoProcess, running_demo
 from support.ports import free_port
+from support.waiting import wait_until_blocking
 
 STATE_BYTES = 4096  # --state-bytes-per-token's default
 REPLY = "demo reply 1 2 3"
@@ -82,13 +82,6 @@ def slot_holding(url: str, count: int) -> int:
 def erase_all(url: str) -> None:
     for slot in slots(url):
         assert action(url, slot["id"], "erase").status_code == 200
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +316,9 @@ def test_an_action_on_a_busy_slot_waits_until_it_is_idle(slow: DemoProcess) -> N
     worker.start()
     try:
         seen: list[dict[str, Any]] = []
-        wait_for(lambda: bool(seen.append(slots(slow.url)[0]) or seen[-1]["is_processing"]))
+        wait_until_blocking(
+            lambda: bool(seen.append(slots(slow.url)[0]) or seen[-1]["is_processing"])
+        )
         # Busy: n_prompt_tokens is what the request holds, its prompt and its reply.
         assert seen[-1]["n_prompt_tokens"] == 20 + 5
         saved = action(slow.url, 0, "save", "busy.bin")

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.support.deployment import dockerfile_instructions, from_dockerfile
+from support.deployment import dockerfile_instructions, from_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

@@ -30,8 +30,8 @@ from support.orchestrator import (
     RunningDaemon,
     demo_service,
     policy_text,
-    wait_until,
 )
+from support.waiting import wait_until
 
 from service.errors import (
     InsufficientCapacity,

@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 from support.ports import free_port
+from support.waiting import wait_until
 
 from service.clock import SystemClock
 from service.domain import InstanceState
@@ -106,14 +107,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 @dataclass

@@ -34,6 +34,7 @@ async def test_a_blocked_loop_is_noticed_from_outside_and_reported_after() -> No
     assert dog.stalled_for is None
 
 
+@pytest.mark.timing  # a busy machine can stall a healthy loop past 0.3 s: run alone
 async def test_a_healthy_loop_raises_nothing() -> None:
     stalls: list[Stall] = []
     dog = Watchdog(stall_after_s=0.3, on_stall=stalls.append, on_recover=stalls.append)

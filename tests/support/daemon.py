@@ -43,6 +43,7 @@ import httpx
 import psutil
 
 from .ports import free_port
+from .waiting import wait_until_blocking
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VRAMD = [sys.executable, "-m", "service.cli"]
@@ -157,12 +158,7 @@ class Daemon:
         return data
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"condition not met within {timeout}s\n{self.output()}")
+        wait_until_blocking(predicate, timeout=timeout, detail=self.output)
 
     def output(self) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")

@@ -6,7 +6,7 @@
 
 ``sleep`` parks the caller until ``advance`` moves monotonic time past its deadline;
 ``now()`` moves with it. Nothing here sleeps for real, so timeouts, TTLs and backoff are
-tested in microseconds (STYLE habit 6).
+tested in microseconds.
 """
 
 from __future__ import annotations

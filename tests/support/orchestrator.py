@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,23 +240,3 @@ def kill_processes(processes: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             process.kill()
     psutil.wait_procs(processes, timeout=5)
-
-
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]],
-    *,
-    timeout: float = 15.0,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> None:
-    """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(interval)

@@ -1,4 +1,4 @@
-"""The documentation is checked against the code, so it stays true (STYLE habit 12).
+"""The documentation is checked against the code, so it stays true.
 
 - every key of the policy's JSON Schema is documented in docs/policy.md by its full path
   (``services.<name>.memory.cap``), and every key path its tables list exists;

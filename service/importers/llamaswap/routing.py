@@ -1,21 +1,4 @@
-"""llama-swap's routing (groups, matrix, scheduler priorities) as residency and priority.
-
-llama-swap decides what runs together by rules: the ``group`` router's ``swap`` /
-``exclusive`` / ``persistent`` flags, or the ``matrix`` router's allowed combinations
-and eviction costs. vramd decides by memory: whatever fits in the device budget runs, and
-residency and priority say who yields when it does not. So each rule becomes the
-residency and priority that keeps its intent, and a comment says what was decided and
-what has no equivalent.
-
-Where the rules live: the current format puts them under ``routing.router`` (``use:
-group | matrix``, ``settings.groups`` / ``settings.matrix``) and request order under
-``routing.scheduler`` (``use: fifo``, ``settings.fifo.priority``); older configs have
-top-level ``groups:`` or ``matrix:``, which llama-swap still reads the same way.
-
-Priorities, 0..1000 in vramd: the placement gives a band (one model at a time 100, run
-together 200, persistent 300; a matrix's eviction costs 100, 200, ... in their order),
-and fifo priorities add 0..99 inside it, in their order, so both orders are kept.
-"""
+"""llama-swap's routing (groups, matrix, scheduler priorities) as residency and priority."""
 
 from __future__ import annotations
 
@@ -44,7 +27,24 @@ class Placement:
 
 
 class Routing:
-    """Reads a config's routing once; ``placement(model_id)`` is each model's outcome."""
+    """Reads a config's routing once; ``placement(model_id)`` is each model's outcome.
+
+    llama-swap decides what runs together by rules: the ``group`` router's ``swap`` /
+    ``exclusive`` / ``persistent`` flags, or the ``matrix`` router's allowed combinations
+    and eviction costs. vramd decides by memory: whatever fits in the device budget runs, and
+    residency and priority say who yields when it does not. So each rule becomes the
+    residency and priority that keeps its intent, and a comment says what was decided and
+    what has no equivalent.
+
+    Where the rules live: the current format puts them under ``routing.router`` (``use:
+    group | matrix``, ``settings.groups`` / ``settings.matrix``) and request order under
+    ``routing.scheduler`` (``use: fifo``, ``settings.fifo.priority``); older configs have
+    top-level ``groups:`` or ``matrix:``, which llama-swap still reads the same way.
+
+    Priorities, 0..1000 in vramd: the placement gives a band (one model at a time 100, run
+    together 200, persistent 300; a matrix's eviction costs 100, 200, ... in their order),
+    and fifo priorities add 0..99 inside it, in their order, so both orders are kept.
+    """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
