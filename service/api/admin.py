@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -25,6 +25,28 @@ from service.api.auth import require_admin_key
 from service.api.deps import OrchestratorDep, StoreDep, WriterDep
 from service.api.errors import error_response
 from service.api.openai import read_body
+from service.contract import (
+    ActivePolicy,
+    ApplyAnswer,
+    EventRecord,
+    Events,
+    Explanation,
+    Incident,
+    Incidents,
+    IncidentSummary,
+    Logs,
+    MemoryAnswer,
+    MemorySample,
+    PolicyHistory,
+    PolicyVersion,
+    SchedulerAnswer,
+    ServiceStatus,
+    StatusAnswer,
+    UsageAnswer,
+    UsageRow,
+    Window,
+    WindowList,
+)
 from service.errors import ErrorCode, InvalidRequest, PolicyError
 from service.policy import MAX_WINDOW_S, NAME_PATTERN
 from service.store import StoreWriter, queries
@@ -55,49 +77,49 @@ async def healthz(orchestrator: OrchestratorDep) -> JSONResponse:
 
 
 @router.get("/api/status")
-async def status(orchestrator: OrchestratorDep) -> dict[str, Any]:
-    return {"version": __version__, **orchestrator.status()}
+async def status(orchestrator: OrchestratorDep) -> StatusAnswer:
+    return StatusAnswer.of(__version__, orchestrator.status())
 
 
 @router.get("/api/scheduler")
-async def scheduler(orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def scheduler(orchestrator: OrchestratorDep) -> SchedulerAnswer:
     """What ``yielding: auto`` stands for now, since when and why (docs/api.md)."""
-    return {"yielding": orchestrator.tuning.view()}
+    return SchedulerAnswer(yielding=orchestrator.tuning.view())
 
 
 @router.post("/api/scheduler/tune")
-async def tune(orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def tune(orchestrator: OrchestratorDep) -> SchedulerAnswer:
     """A tuning round now, whatever the schedule; answers once it has concluded."""
-    return {"yielding": await orchestrator.tuning.tune()}
+    return SchedulerAnswer(yielding=await orchestrator.tuning.tune())
 
 
 @router.get("/api/services")
-async def services(orchestrator: OrchestratorDep) -> list[dict[str, Any]]:
+async def services(orchestrator: OrchestratorDep) -> list[ServiceStatus]:
     return orchestrator.services_view()
 
 
 @router.get("/api/services/{name}")
-async def service(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def service(name: str, orchestrator: OrchestratorDep) -> ServiceStatus:
     return orchestrator.service_view(name)
 
 
 @router.post("/api/services/{name}/load")
-async def load(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def load(name: str, orchestrator: OrchestratorDep) -> ServiceStatus:
     return await orchestrator.load(name)
 
 
 @router.post("/api/services/{name}/unload")
-async def unload(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def unload(name: str, orchestrator: OrchestratorDep) -> ServiceStatus:
     return await orchestrator.unload(name)
 
 
 @router.post("/api/services/{name}/restart")
-async def restart(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def restart(name: str, orchestrator: OrchestratorDep) -> ServiceStatus:
     return await orchestrator.restart(name)
 
 
 @router.get("/api/services/{name}/admission")
-async def admission(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def admission(name: str, orchestrator: OrchestratorDep) -> Explanation:
     """What loading the service now would do; changes nothing."""
     return orchestrator.admission(name)
 
@@ -107,16 +129,16 @@ async def logs(
     name: str,
     orchestrator: OrchestratorDep,
     tail: Annotated[int, Query(ge=1, le=10000)] = 200,
-) -> dict[str, Any]:
-    return {"service": name, "lines": orchestrator.logs(name, tail)}
+) -> Logs:
+    return Logs(service=name, lines=orchestrator.logs(name, tail))
 
 
-@router.post("/api/policy", response_model=None)
+@router.post("/api/policy", response_model=ApplyAnswer)
 async def apply_policy(
     request: Request,
     orchestrator: OrchestratorDep,
     dry_run: bool = False,
-) -> dict[str, Any] | JSONResponse:
+) -> ApplyAnswer | JSONResponse:
     """Apply a policy (YAML body): 422 with every error and nothing changed if invalid."""
     body = await read_body(request, MAX_POLICY_BYTES, "the policy size limit")
     try:
@@ -130,26 +152,26 @@ async def apply_policy(
 
 
 @router.get("/api/policy/history")
-async def policy_history(store: StoreDep) -> dict[str, Any]:
+async def policy_history(store: StoreDep) -> PolicyHistory:
     with store.read() as session:
-        return {
-            "versions": [
-                {
-                    "version": row.version,
-                    "sha256": row.sha256,
-                    "source": row.source,
-                    "applied_at": row.applied_at,
-                    "active": row.active,
-                }
+        return PolicyHistory(
+            versions=[
+                PolicyVersion(
+                    version=row.version,
+                    sha256=row.sha256,
+                    source=row.source,
+                    applied_at=row.applied_at,
+                    active=row.active,
+                )
                 for row in queries.policy_history(session)
             ]
-        }
+        )
 
 
-@router.post("/api/policy/rollback/{version}", response_model=None)
+@router.post("/api/policy/rollback/{version}", response_model=ApplyAnswer)
 async def rollback(
     version: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep, orchestrator: OrchestratorDep
-) -> dict[str, Any] | JSONResponse:
+) -> ApplyAnswer | JSONResponse:
     """Apply an earlier version's text again (as a new version)."""
     with store.read() as session:
         row = queries.get_policy_version(session, version=version)
@@ -179,12 +201,12 @@ def policy_error_response(exc: PolicyError) -> JSONResponse:
 
 
 @router.get("/api/maintenance")
-async def maintenance(orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def maintenance(orchestrator: OrchestratorDep) -> WindowList:
     return orchestrator.windows.view()
 
 
 @router.post("/api/maintenance/{name}/run")
-async def run_window(name: str, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def run_window(name: str, orchestrator: OrchestratorDep) -> Window:
     return orchestrator.windows.run(name)
 
 
@@ -199,7 +221,7 @@ class NewWindow(BaseModel):
 
 
 @router.post("/api/maintenance", status_code=201)
-async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> dict[str, Any]:
+async def add_window(body: NewWindow, orchestrator: OrchestratorDep) -> Window:
     """Schedule a one-off window (stored in SQLite; survives restarts)."""
     try:
         duration = parse_duration(body.duration)
@@ -230,25 +252,25 @@ async def delete_window(name: str, orchestrator: OrchestratorDep) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/api/policy", response_model=None)
+@router.get("/api/policy", response_model=ActivePolicy)
 async def policy(
     store: StoreDep,
     format: Annotated[str, Query(pattern="^(json|yaml)$")] = "json",
-) -> dict[str, Any] | Response:
+) -> ActivePolicy | Response:
     """The active policy: its version, hash, source and full YAML text."""
     with store.read() as session:
         active = queries.active_policy_version(session)
         if active is None:
             return JSONResponse({"version": None, "text": None})
-        record = {
-            "version": active.version,
-            "sha256": active.sha256,
-            "source": active.source,
-            "applied_at": active.applied_at,
-            "text": active.text,
-        }
+        record = ActivePolicy(
+            version=active.version,
+            sha256=active.sha256,
+            source=active.source,
+            applied_at=active.applied_at,
+            text=active.text,
+        )
     if format == "yaml":
-        return PlainTextResponse(str(record["text"]), media_type="application/yaml")
+        return PlainTextResponse(str(record.text), media_type="application/yaml")
     return record
 
 
@@ -264,27 +286,27 @@ async def events(
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
     *,
     writer: WriterDep,
-) -> dict[str, Any]:
+) -> Events:
     """Persisted events, oldest first; page forward with ``since`` = the last id seen."""
     await committed(writer)
     with store.read() as session:
         rows = queries.list_events(
             session, since_id=since, since_ts=since_ts, service=service, kind=kind, limit=limit
         )
-        return {
-            "events": [
-                {
-                    "id": row.id,
-                    "ts": row.ts,
-                    "kind": row.kind,
-                    "service": row.service,
-                    "instance_id": row.instance_id,
-                    "message": row.message,
-                    "data": row.data,
-                }
+        return Events(
+            events=[
+                EventRecord(
+                    id=row.id,
+                    ts=row.ts,
+                    kind=row.kind,
+                    service=row.service,
+                    instance_id=row.instance_id,
+                    message=row.message,
+                    data=row.data,
+                )
                 for row in rows
             ]
-        }
+        )
 
 
 @router.get("/api/usage")
@@ -296,7 +318,7 @@ async def usage(
         str, Query(max_length=32, description="how far back: a duration such as 24h or 7d")
     ] = "24h",
     client: Annotated[str | None, Query(max_length=64)] = None,
-) -> dict[str, Any]:
+) -> UsageAnswer:
     """Each client's use of each service in the whole hours of the last ``since``."""
     try:
         back = parse_duration(since)
@@ -307,7 +329,7 @@ async def usage(
     start = max(0.0, time.time() - back)
     with store.read() as session:
         rows = queries.usage_since(session, since=start, client=client)
-    return {"since": start, "usage": rows}
+    return UsageAnswer(since=start, usage=[UsageRow.model_validate(row) for row in rows])
 
 
 @router.get("/api/events/stream")
@@ -342,64 +364,65 @@ async def memory(
     limit: Annotated[int, Query(ge=1, le=20000)] = 3600,
     *,
     writer: WriterDep,
-) -> dict[str, Any]:
+) -> MemoryAnswer:
     """The service's memory samples (1 s for the last hour, 1 min for a week)."""
     orchestrator.runtime(name)  # 404 for an unknown service
     await committed(writer)
     with store.read() as session:
         rows = queries.instance_samples(session, service=name, since_ts=since, limit=limit)
         samples = [
-            {
-                "ts": row.ts,
-                "instance_id": row.instance_id,
-                "device_bytes": row.device_bytes,
-                "host_bytes": row.host_bytes,
-                "kv_cache_bytes": row.kv_cache_bytes,
-                "in_flight": row.in_flight,
-                "requests_served": row.requests_served,
-                "resolution": row.resolution,
-            }
+            MemorySample(
+                ts=row.ts,
+                instance_id=row.instance_id,
+                device_bytes=row.device_bytes,
+                host_bytes=row.host_bytes,
+                kv_cache_bytes=row.kv_cache_bytes,
+                in_flight=row.in_flight,
+                requests_served=row.requests_served,
+                resolution=row.resolution,
+            )
             for row in rows
         ]
-    return {"service": name, **orchestrator.memory_view(name), "samples": samples}
+    memory = dict(orchestrator.memory_view(name))
+    return MemoryAnswer(service=name, **memory, samples=samples)
 
 
 @router.get("/api/incidents")
 async def incidents(
     store: StoreDep, writer: WriterDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-) -> dict[str, Any]:
+) -> Incidents:
     await committed(writer)
     with store.read() as session:
-        return {
-            "incidents": [
-                {
-                    "id": row.id,
-                    "ts": row.ts,
-                    "service": row.service,
-                    "kind": row.kind,
-                    "verdict": row.verdict,
-                    "summary": row.summary,
-                }
+        return Incidents(
+            incidents=[
+                IncidentSummary(
+                    id=row.id,
+                    ts=row.ts,
+                    service=row.service,
+                    kind=row.kind,
+                    verdict=row.verdict,
+                    summary=row.summary,
+                )
                 for row in queries.list_incidents(session, limit=limit)
             ]
-        }
+        )
 
 
 @router.get("/api/incidents/{incident_id}")
 async def incident(
     incident_id: Annotated[int, Path(ge=1, le=MAX_ID)], store: StoreDep, writer: WriterDep
-) -> dict[str, Any]:
+) -> Incident:
     await committed(writer)
     with store.read() as session:
         row = queries.get_incident(session, id=incident_id)
         if row is None:
             raise HTTPException(404, f"no incident {incident_id}")
-        return {
-            "id": row.id,
-            "ts": row.ts,
-            "service": row.service,
-            "kind": row.kind,
-            "verdict": row.verdict,
-            "summary": row.summary,
-            "data": row.data,
-        }
+        return Incident(
+            id=row.id,
+            ts=row.ts,
+            service=row.service,
+            kind=row.kind,
+            verdict=row.verdict,
+            summary=row.summary,
+            data=row.data,
+        )

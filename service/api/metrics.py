@@ -7,26 +7,26 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from service.api.exposition import family_text
 from service.api.router_metrics import router_exposition
+from service.contract import DeviceStatus, ServiceStatus, Status, YieldingView
 from service.domain import Flag, InstanceState
 from service.kernel.views import NodeLoad
 from service.live.usage import Usage
 
 log = logging.getLogger("vramd.metrics")
 
-StatusSource = Callable[[], Mapping[str, Any]]
+StatusSource = Callable[[], Status]
 NodeLoadSource = Callable[[], NodeLoad]
 # Usage since the daemon started, by (client, service): configured clients only, so the
 # series stay bounded whatever names unkeyed callers give themselves.
 ClientUsageSource = Callable[[], Mapping[tuple[str, str], Usage]]
 # ``GET /api/scheduler``'s ``yielding`` view.
-YieldingSource = Callable[[], Mapping[str, Any]]
+YieldingSource = Callable[[], YieldingView]
 
 # A scrape renders vramd's own series itself when the snapshot is older than this many
 # sampler intervals (nobody scraped lately, so nothing kept it fresh).
@@ -67,41 +67,39 @@ LOAD_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 QUEUE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-def status_families(
-    status: Mapping[str, Any], *, version: str, backend: str | None
-) -> Iterator[Metric]:
+def status_families(status: Status, *, version: str, backend: str | None) -> Iterator[Metric]:
     """Gauges and counters of one status view (``GET /api/status``'s shape)."""
     info = GaugeMetricFamily(
         "vramd_info", "vramd build and device backend.", labels=["version", "backend"]
     )
-    info.add_metric([version, backend or status.get("backend") or ""], 1)
+    info.add_metric([version, backend or status.backend or ""], 1)
     yield info
-    yield from _device_metrics(status.get("devices", ()))
-    yield from _service_metrics(status.get("services", ()))
+    yield from _device_metrics(status.devices)
+    yield from _service_metrics(status.services)
 
 
-def _device_metrics(devices: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
+def _device_metrics(devices: Iterable[DeviceStatus]) -> Iterator[Metric]:
     families = [
         (field, GaugeMetricFamily(f"vramd_device_{name}_bytes", help_, labels=["device"]))
         for name, field, help_ in DEVICE_GAUGES
     ]
     for device in devices:
-        labels = [str(device["index"])]
+        labels = [str(device.index)]
         for field, family in families:
-            value = device.get(field)
+            value = getattr(device, field)
             if value is not None:
                 family.add_metric(labels, value)
     for _, family in families:
         yield family
 
 
-def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
+def _service_metrics(services: Iterable[ServiceStatus]) -> Iterator[Metric]:
     services = list(services)
     for name, field, help_ in SERVICE_GAUGES:
         family = GaugeMetricFamily(f"vramd_service_{name}_bytes", help_, labels=["service"])
         for svc in services:
-            if svc.get(field) is not None:
-                family.add_metric([svc["name"]], svc[field])
+            if getattr(svc, field) is not None:
+                family.add_metric([svc.name], getattr(svc, field))
         yield family
 
     state = GaugeMetricFamily(
@@ -126,15 +124,15 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
         labels=["service"],
     )
     for svc in services:
-        name = svc["name"]
-        waiting.add_metric([name], 1 if svc.get("waiting_for_memory") else 0)
+        name = svc.name
+        waiting.add_metric([name], 1 if svc.waiting_for_memory else 0)
         for value in STATES:
-            state.add_metric([name, value], 1 if svc.get("state") == value else 0)
-        raised = set(svc.get("flags") or ())
+            state.add_metric([name, value], 1 if svc.state == value else 0)
+        raised = set(svc.flags)
         for value in FLAGS:
             flag.add_metric([name, value], 1 if value in raised else 0)
-        in_flight.add_metric([name], svc.get("in_flight") or 0)
-        queued.add_metric([name], svc.get("queued") or 0)
+        in_flight.add_metric([name], svc.in_flight)
+        queued.add_metric([name], svc.queued)
     yield from (state, flag, in_flight, queued, waiting)
     yield from _per_device_metrics(services)
     yield from _saved_state_metrics(services)
@@ -142,11 +140,11 @@ def _service_metrics(services: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
     for key, help_ in SERVICE_COUNTERS:
         counter = CounterMetricFamily(f"vramd_service_{key}", help_, labels=["service"])
         for svc in services:
-            counter.add_metric([svc["name"]], svc.get(key) or 0)
+            counter.add_metric([svc.name], getattr(svc, key))
         yield counter
 
 
-def _saved_state_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
+def _saved_state_metrics(services: list[ServiceStatus]) -> Iterator[Metric]:
     """State across swaps, for the services that keep it (docs/policy.md)."""
     saved = GaugeMetricFamily(
         "vramd_state_saved_bytes", "Bytes of saved slot state on disk.", labels=["service"]
@@ -157,14 +155,14 @@ def _saved_state_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
         labels=["service"],
     )
     for svc in services:
-        state = svc.get("saved_state")
-        if state:
-            saved.add_metric([svc["name"]], state["saved_bytes"])
-            reused.add_metric([svc["name"]], state["tokens_not_reprocessed"])
+        state = svc.saved_state
+        if state is not None:
+            saved.add_metric([svc.name], state.saved_bytes)
+            reused.add_metric([svc.name], state.tokens_not_reprocessed)
     yield from (saved, reused)
 
 
-def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
+def _per_device_metrics(services: list[ServiceStatus]) -> Iterator[Metric]:
     """Each service's measured and charged bytes on every device it is on (``span: N``
     gives one series per device; the totals are the ``vramd_service_*_bytes`` above)."""
     for name, field, help_ in (
@@ -175,28 +173,29 @@ def _per_device_metrics(services: list[Mapping[str, Any]]) -> Iterator[Metric]:
             f"vramd_service_device_{name}_bytes", help_, labels=["service", "device"]
         )
         for svc in services:
-            for device, value in (svc.get(field) or {}).items():
-                family.add_metric([svc["name"], str(device)], value)
+            figures: dict[str, int] = getattr(svc, field)
+            for device, value in figures.items():
+                family.add_metric([svc.name, device], value)
         yield family
 
 
-def yielding_families(view: Mapping[str, Any]) -> Iterator[Metric]:
+def yielding_families(view: YieldingView) -> Iterator[Metric]:
     """How each service yields now, and what ``yielding: auto``'s rounds have cost."""
     setting = GaugeMetricFamily(
         "vramd_service_yielding",
         "1 for the setting each service yields by now (auto: what it stands for).",
         labels=["service", "setting"],
     )
-    for service, label in sorted(view.get("services", {}).items()):
+    for service, label in sorted(view.services.items()):
         setting.add_metric([service, label], 1)
     yield setting
     rounds = CounterMetricFamily("vramd_tuning_rounds", "yielding: auto rounds since start.")
-    rounds.add_metric([], view.get("rounds", 0))
+    rounds.add_metric([], view.rounds)
     yield rounds
     cpu = CounterMetricFamily(
         "vramd_tuning_cpu_seconds", "CPU seconds of those rounds' replays, all together."
     )
-    cpu.add_metric([], view.get("cpu_s", 0.0))
+    cpu.add_metric([], view.cpu_s)
     yield cpu
 
 
@@ -403,7 +402,7 @@ class Metrics:
             except Exception:  # a bug in a view: keep the last snapshot, say so, go on
                 log.exception("the /metrics snapshot was not renewed")
 
-    def _families(self, status: Mapping[str, Any]) -> Iterator[Metric]:
+    def _families(self, status: Status) -> Iterator[Metric]:
         """vramd's own families: the status view's, then the live instruments'."""
         yield from status_families(status, version=self._version, backend=self._backend)
         yield from self.registry.collect()

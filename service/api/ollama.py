@@ -288,22 +288,22 @@ def model_views(request: Request, caller: Caller) -> list[ModelView]:
     policy = orchestrator.policy
     now = datetime.now(UTC)
     views = []
-    for service in orchestrator.status()["services"]:
-        spec = policy.services.get(service["name"])
-        if spec is None or service["kind"] not in LISTED_KINDS:
+    for service in orchestrator.services_view():
+        spec = policy.services.get(service.name)
+        if spec is None or service.kind not in LISTED_KINDS:
             continue
-        size = service["footprint_bytes"] or service["expected_peak_bytes"] or 0
+        size = service.footprint_bytes or service.expected_peak_bytes or 0
         views += [
             ModelView(
                 name=model,
-                service=service["name"],
-                kind=service["kind"],
-                state=service["state"],
+                service=service.name,
+                kind=service.kind,
+                state=service.state,
                 size_bytes=size,
-                expires_at=_expires_at(now, spec.idle_ttl, service["idle_for_s"]),
+                expires_at=_expires_at(now, spec.idle_ttl, service.idle_for_s),
                 family=spec.adapter_name,
             )
-            for model in service["models"]
+            for model in service.models
             if caller.may_use(model)
         ]
     return views

@@ -8,12 +8,30 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from service.contract import (
+    ApplyAnswer,
+    EventRecord,
+    Events,
+    Explanation,
+    Incident,
+    Incidents,
+    IncidentSummary,
+    SchedulerAnswer,
+    ServiceStatus,
+    StatusAnswer,
+    UsageAnswer,
+    Window,
+    WindowList,
+)
 
 # Loads and restarts answer once the runtime is ready, which can take minutes.
 SLOW_TIMEOUT = httpx.Timeout(5.0, read=3600.0)
+M = TypeVar("M", bound=BaseModel)
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, read=60.0)
 
 # "flagged", "all", "none" or service names; the daemon checks which.
@@ -83,28 +101,31 @@ class AdminClient:
 
     # ------------------------------------------------------------------ routes
 
-    def status(self) -> dict[str, Any]:
-        return self._json("GET", "/api/status")
+    def status(self) -> StatusAnswer:
+        return self._json(StatusAnswer, "GET", "/api/status")
 
-    def load(self, name: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/services/{name}/load", timeout=SLOW_TIMEOUT)
+    def load(self, name: str) -> ServiceStatus:
+        path = f"/api/services/{name}/load"
+        return self._json(ServiceStatus, "POST", path, timeout=SLOW_TIMEOUT)
 
-    def unload(self, name: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/services/{name}/unload", timeout=SLOW_TIMEOUT)
+    def unload(self, name: str) -> ServiceStatus:
+        path = f"/api/services/{name}/unload"
+        return self._json(ServiceStatus, "POST", path, timeout=SLOW_TIMEOUT)
 
-    def restart(self, name: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/services/{name}/restart", timeout=SLOW_TIMEOUT)
+    def restart(self, name: str) -> ServiceStatus:
+        path = f"/api/services/{name}/restart"
+        return self._json(ServiceStatus, "POST", path, timeout=SLOW_TIMEOUT)
 
-    def admission(self, name: str) -> dict[str, Any]:
-        return self._json("GET", f"/api/services/{name}/admission")
+    def admission(self, name: str) -> Explanation:
+        return self._json(Explanation, "GET", f"/api/services/{name}/admission")
 
-    def scheduler(self) -> dict[str, Any]:
-        return self._json("GET", "/api/scheduler")
+    def scheduler(self) -> SchedulerAnswer:
+        return self._json(SchedulerAnswer, "GET", "/api/scheduler")
 
-    def apply_policy(self, text: str, *, dry_run: bool = False) -> dict[str, Any]:
-        """The daemon's answer: ``{dry_run, diff, lines, version, changed}``."""
+    def apply_policy(self, text: str, *, dry_run: bool = False) -> ApplyAnswer:
         params = {"dry_run": "true"} if dry_run else {}
         return self._json(
+            ApplyAnswer,
             "POST",
             "/api/policy",
             params=params,
@@ -119,7 +140,7 @@ class AdminClient:
         service: str | None = None,
         kind: str | None = None,
         limit: int | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[EventRecord]:
         """Events after id ``since``, oldest first."""
         params = {
             key: value
@@ -128,12 +149,10 @@ class AdminClient:
         }
         if limit is not None:
             params["limit"] = limit
-        events: list[dict[str, Any]] = self._json("GET", "/api/events", params=params)["events"]
-        return events
+        return self._json(Events, "GET", "/api/events", params=params).events
 
-    def windows(self) -> list[dict[str, Any]]:
-        windows: list[dict[str, Any]] = self._json("GET", "/api/maintenance")["windows"]
-        return windows
+    def windows(self) -> list[Window]:
+        return self._json(WindowList, "GET", "/api/maintenance").windows
 
     def add_window(
         self,
@@ -143,7 +162,7 @@ class AdminClient:
         duration: str,
         restart: WindowRestart,
         allow: list[str],
-    ) -> dict[str, Any]:
+    ) -> Window:
         body = {
             "name": name,
             "start": start,
@@ -151,35 +170,33 @@ class AdminClient:
             "restart": restart,
             "allow": allow,
         }
-        return self._json("POST", "/api/maintenance", json=body)
+        return self._json(Window, "POST", "/api/maintenance", json=body)
 
     def delete_window(self, name: str) -> None:
         self._request("DELETE", f"/api/maintenance/{name}")
 
-    def incidents(self) -> list[dict[str, Any]]:
-        incidents: list[dict[str, Any]] = self._json("GET", "/api/incidents")["incidents"]
-        return incidents
+    def incidents(self) -> list[IncidentSummary]:
+        return self._json(Incidents, "GET", "/api/incidents").incidents
 
-    def incident(self, incident_id: int) -> dict[str, Any]:
-        return self._json("GET", f"/api/incidents/{incident_id}")
+    def incident(self, incident_id: int) -> Incident:
+        return self._json(Incident, "GET", f"/api/incidents/{incident_id}")
 
-    def usage(self, *, since: str, client: str | None = None) -> dict[str, Any]:
+    def usage(self, *, since: str, client: str | None = None) -> UsageAnswer:
         params = {"since": since} | ({"client": client} if client else {})
-        return self._json("GET", "/api/usage", params=params)
+        return self._json(UsageAnswer, "GET", "/api/usage", params=params)
 
     # --------------------------------------------------------------- plumbing
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _json(self, answer: type[M], method: str, path: str, **kwargs: Any) -> M:
+        """The daemon's answer as the API's own type (``service.contract``)."""
         response = self._request(method, path, **kwargs)
         try:
-            data = response.json()
-        except ValueError:
+            return answer.model_validate_json(response.content)
+        except ValidationError as exc:
+            what = "JSON" if _not_json(exc) else f"a {answer.__name__}"
             raise ApiError(
-                response.status_code, "bad_response", f"{path} did not answer JSON"
+                response.status_code, "bad_response", f"{path} did not answer {what}"
             ) from None
-        if not isinstance(data, dict):
-            raise ApiError(response.status_code, "bad_response", f"{path} did not answer an object")
-        return data
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -195,6 +212,10 @@ class AdminClient:
         if response.is_error:
             raise api_error(response)
         return response
+
+
+def _not_json(exc: ValidationError) -> bool:
+    return any(error["type"] == "json_invalid" for error in exc.errors())
 
 
 def api_error(response: httpx.Response) -> ApiError:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, Self
+from typing import Annotated, Self
 
 import typer
 
@@ -31,6 +31,7 @@ from service.cli.render import (
     usage_table,
     yielding_lines,
 )
+from service.contract import EventRecord
 from service.settings import ClientSettings
 
 EVENT_PAGE = 1000
@@ -84,11 +85,11 @@ def ps(url: UrlOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(status)
         return
-    for device in status.get("devices", []):
+    for device in status.devices:
         out.print(device_line(device), markup=False)
-    if status.get("degraded"):
-        out.print(f"warning: the device probe is degraded: {status['degraded']}", markup=False)
-    services = status.get("services", [])
+    if status.degraded:
+        out.print(f"warning: the device probe is degraded: {status.degraded}", markup=False)
+    services = status.services
     if not services:
         out.print("no services configured")
         return
@@ -123,13 +124,13 @@ def explain(name: NameArg, url: UrlOption = None, as_json: JsonOption = False) -
     and how the scheduler's yielding is set now."""
     with connect(url, name) as client:
         answer = client.admission(name)
-        answer["yielding"] = client.scheduler()["yielding"]
+        yielding = client.scheduler().yielding
     if as_json:
-        print_json(answer)
+        print_json({**answer.model_dump(mode="json"), "yielding": yielding.model_dump(mode="json")})
         return
     for line in admission_lines(answer):
         out.print(line, markup=False)
-    for line in yielding_lines(answer["yielding"], name):
+    for line in yielding_lines(yielding, name):
         out.print(line, markup=False)
 
 
@@ -146,7 +147,7 @@ def apply(
     with connect(url) as client:
         try:
             preview = client.apply_policy(text, dry_run=True)
-            for line in preview.get("lines", []):
+            for line in preview.lines:
                 out.print(line, markup=False)
             if dry_run:
                 out.print("dry run: nothing was changed")
@@ -158,10 +159,10 @@ def apply(
             for issue in exc.errors:
                 err.print(f"{path}: {issue_text(issue)}", markup=False)
             fail(f"{path}: {exc.message}")
-    if result.get("changed"):
-        out.print(f"applied as policy version {result.get('version')}", markup=False)
+    if result.changed:
+        out.print(f"applied as policy version {result.version}", markup=False)
     else:
-        out.print(f"unchanged: policy version {result.get('version')} is already active")
+        out.print(f"unchanged: policy version {result.version} is already active")
 
 
 # ------------------------------------------------------------------- events
@@ -184,25 +185,25 @@ def events(
             return
         for event in recent:
             out.print(event_line(event), markup=False)
-        last = recent[-1]["id"] if recent else None
+        last = recent[-1].id if recent else None
         while follow and not ctrl_c.wait(FOLLOW_INTERVAL):
             for event in client.events(since=last, service=service, kind=kind, limit=EVENT_PAGE):
                 out.print(event_line(event), markup=False)
-                last = event["id"]
+                last = event.id
 
 
 def latest_events(
     client: AdminClient, *, service: str | None, kind: str | None, limit: int, ctrl_c: CtrlC
-) -> list[dict[str, Any]]:
+) -> list[EventRecord]:
     """The last ``limit`` events; the API pages forward from the oldest."""
-    kept: deque[dict[str, Any]] = deque(maxlen=limit)
+    kept: deque[EventRecord] = deque(maxlen=limit)
     since: int | None = None
     while not ctrl_c.pressed:
         page = client.events(since=since, service=service, kind=kind, limit=EVENT_PAGE)
         kept.extend(page)
         if len(page) < EVENT_PAGE:
             break
-        since = page[-1]["id"]
+        since = page[-1].id
     return list(kept)
 
 
@@ -297,8 +298,8 @@ def usage(
     if as_json:
         print_json(answer)
         return
-    rows = answer.get("usage", [])
+    rows = answer.usage
     if not rows:
-        out.print(f"no requests since {local_time(answer.get('since'))}", markup=False)
+        out.print(f"no requests since {local_time(answer.since)}", markup=False)
         return
     out.print(usage_table(rows))

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 
 EXIT_FAILED = 1
@@ -29,8 +31,15 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise typer.Exit(code)
 
 
-def print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+def print_json(data: BaseModel | Sequence[BaseModel] | dict[str, object]) -> None:
+    """An answer as the daemon sent it (keys sorted), models and lists of them too."""
+    if isinstance(data, BaseModel):
+        plain: object = data.model_dump(mode="json")
+    elif isinstance(data, Sequence):
+        plain = [item.model_dump(mode="json") for item in data]
+    else:
+        plain = data
+    typer.echo(json.dumps(plain, indent=2, sort_keys=True))
 
 
 def read_text(path: Path, what: str) -> str:

@@ -15,6 +15,18 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from service.contract import (
+    Backoff,
+    DeviceStatus,
+    EventRecord,
+    Explanation,
+    Incident,
+    IncidentSummary,
+    ServiceStatus,
+    UsageRow,
+    Window,
+    YieldingView,
+)
 from service.units import format_duration, format_size
 
 
@@ -37,19 +49,19 @@ def add_row(table: Table, *cells: object) -> None:
 # ---------------------------------------------------------------------- ps
 
 
-def device_line(device: dict[str, Any]) -> str:
+def device_line(device: DeviceStatus) -> str:
     size = format_size
-    charged = sum(device.get("charges", {}).values())
+    charged = sum(device.charges.values())
     return (
-        f"device {device.get('index')} ({device.get('name')}, "
-        f"{size(device.get('total_bytes'))}): used {size(device.get('used_bytes'))} · "
-        f"budget {size(device.get('budget_bytes'))} ({size(charged)} charged, "
-        f"{size(device.get('available_bytes'))} available) · "
-        f"foreign {size(device.get('foreign_bytes'))} · free {size(device.get('free_bytes'))}"
+        f"device {device.index} ({device.name}, "
+        f"{size(device.total_bytes)}): used {size(device.used_bytes)} · "
+        f"budget {size(device.budget_bytes)} ({size(charged)} charged, "
+        f"{size(device.available_bytes)} available) · "
+        f"foreign {size(device.foreign_bytes)} · free {size(device.free_bytes)}"
     )
 
 
-def services_table(services: Iterable[dict[str, Any]]) -> Table:
+def services_table(services: Iterable[ServiceStatus]) -> Table:
     table = new_table(
         "SERVICE",
         "STATE",
@@ -62,148 +74,148 @@ def services_table(services: Iterable[dict[str, Any]]) -> Table:
         right=("IN-FLIGHT", "QUEUED", "IDLE FOR"),
     )
     for svc in services:
-        flags = list(svc.get("flags") or [])
-        if svc.get("waiting_for_memory"):
+        flags = list(svc.flags or [])
+        if svc.waiting_for_memory:
             flags.append("waiting-for-memory")
         add_row(
             table,
-            svc.get("name"),
+            svc.name,
             state_cell(svc),
             device_cell(svc),
             memory_cell(svc),
-            svc.get("in_flight", 0),
-            svc.get("queued", 0),
-            format_duration(svc.get("idle_for_s")),
+            svc.in_flight,
+            svc.queued,
+            format_duration(svc.idle_for_s),
             ",".join(flags) or "-",
         )
     return table
 
 
-def device_cell(svc: dict[str, Any]) -> str:
+def device_cell(svc: ServiceStatus) -> str:
     """``0``; for an instance spanning devices one line each: ``0: 9.5GiB``."""
-    devices = svc.get("devices") or []
+    devices = svc.devices or []
     if len(devices) <= 1:
-        return str(svc.get("device")) if svc.get("device") is not None else "-"
-    measured = svc.get("device_bytes") or {}
-    charged = svc.get("charge_by_device") or {}
+        return str(svc.device) if svc.device is not None else "-"
+    measured = svc.device_bytes or {}
+    charged = svc.charge_by_device or {}
     return "\n".join(
         f"{d}: {format_size(measured.get(str(d)) or charged.get(str(d)))}" for d in devices
     )
 
 
-def state_cell(svc: dict[str, Any]) -> str:
+def state_cell(svc: ServiceStatus) -> str:
     """``ready``, ``ready (adopted)`` for a runtime a previous daemon started, ``waiting``."""
-    if svc.get("waiting_for"):
+    if svc.waiting_for:
         return "waiting"
-    return f"{svc.get('state')} (adopted)" if svc.get("adopted") else str(svc.get("state"))
+    return f"{svc.state} (adopted)" if svc.adopted else str(svc.state)
 
 
-def memory_cell(svc: dict[str, Any]) -> str:
+def memory_cell(svc: ServiceStatus) -> str:
     """``120MiB / 130MiB / 200MiB``; ``~4GiB est`` while the service was never measured."""
-    used = svc.get("footprint_bytes") if svc.get("pid") is not None else None
-    learned = svc.get("learned_peak_bytes")
-    peak = format_size(learned) if learned else f"~{format_size(svc.get('estimate_bytes'))} est"
-    return f"{format_size(used)} / {peak} / {format_size(svc.get('cap_bytes'))}"
+    used = svc.footprint_bytes if svc.pid is not None else None
+    learned = svc.learned_peak_bytes
+    peak = format_size(learned) if learned else f"~{format_size(svc.estimate_bytes)} est"
+    return f"{format_size(used)} / {peak} / {format_size(svc.cap_bytes)}"
 
 
-def service_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
+def service_notes(services: Iterable[ServiceStatus]) -> Iterator[str]:
     """The line under the table for each service that waits or failed: what and why."""
     for svc in services:
-        if svc.get("waiting_for"):
-            text = str(svc["waiting_for"]).removeprefix(f"{svc['name']} ")
-            yield f"{svc['name']}: {text}"
-        elif svc.get("backoff"):
-            yield f"{svc['name']}: {backoff_text(svc['backoff'], svc.get('last_error'))}"
-        elif svc.get("last_error") and svc.get("state") in ("failed", "backoff", "stopped"):
-            yield f"{svc['name']}: {svc['last_error']}"
+        if svc.waiting_for:
+            text = str(svc.waiting_for).removeprefix(f"{svc.name} ")
+            yield f"{svc.name}: {text}"
+        elif svc.backoff:
+            yield f"{svc.name}: {backoff_text(svc.backoff, svc.last_error)}"
+        elif svc.last_error and svc.state in ("failed", "backoff", "stopped"):
+            yield f"{svc.name}: {svc.last_error}"
 
 
-def state_notes(services: Iterable[dict[str, Any]]) -> Iterator[str]:
+def state_notes(services: Iterable[ServiceStatus]) -> Iterator[str]:
     """A line for each service that keeps state across swaps: what is saved, what it saved."""
     for svc in services:
-        state = svc.get("saved_state")
+        state = svc.saved_state
         if not state:
             continue
-        if state.get("ineffective"):
-            yield f"{svc['name']}: state not saved: {state['ineffective']}"
+        if state.ineffective:
+            yield f"{svc.name}: state not saved: {state.ineffective}"
             continue
         yield (
-            f"{svc['name']}: state {format_size(state.get('saved_bytes'))} saved "
-            f"({state.get('saved_slots', 0)} slots, {state.get('saved_tokens', 0)} tokens) of "
-            f"{format_size(state.get('disk_bytes'))}; "
-            f"{state.get('tokens_not_reprocessed', 0)} prompt tokens not re-processed"
+            f"{svc.name}: state {format_size(state.saved_bytes)} saved "
+            f"({state.saved_slots} slots, {state.saved_tokens} tokens) of "
+            f"{format_size(state.disk_bytes)}; "
+            f"{state.tokens_not_reprocessed} prompt tokens not re-processed"
         )
 
 
-def backoff_text(backoff: dict[str, Any], error: str | None) -> str:
+def backoff_text(backoff: Backoff, error: str | None) -> str:
     """``died after being ready, 3 times in 10 min (killed by signal SIGKILL); next start
     12:03:10`` or ``start failed 2 times in a row (…); next start …``."""
-    if backoff.get("cause") == "died":
-        deaths = backoff.get("deaths_in_10_min") or 1
+    if backoff.cause == "died":
+        deaths = backoff.deaths_in_10_min or 1
         what = "died after being ready" + ("" if deaths == 1 else f", {deaths} times in 10 min")
     else:
-        starts = backoff.get("failed_starts") or 1
+        starts = backoff.failed_starts or 1
         what = "start failed" + ("" if starts == 1 else f" {starts} times in a row")
     why = f" ({error})" if error else ""
-    return f"{what}{why}; next start {local_time(backoff.get('next_start_at'), '%H:%M:%S')}"
+    return f"{what}{why}; next start {local_time(backoff.next_start_at, '%H:%M:%S')}"
 
 
 # ------------------------------------------------------- load/unload/restart
 
 
-def describe_service(svc: dict[str, Any]) -> str:
+def describe_service(svc: ServiceStatus) -> str:
     """``chat: ready (pid 123, device 0, 40MiB, loaded in 1.2s)``."""
-    running = svc.get("pid") is not None
-    devices = svc.get("devices") or [svc.get("device")]
+    running = svc.pid is not None
+    devices = svc.devices or ([] if svc.device is None else [svc.device])
     where = f"device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}"
-    parts = [f"pid {svc['pid']}", where] if running else []
-    if running and svc.get("footprint_bytes"):
-        parts.append(format_size(svc["footprint_bytes"]))
-    if svc.get("state") == "ready" and svc.get("last_load_s") is not None:
-        parts.append(f"loaded in {format_duration(svc['last_load_s'])}")
+    parts = [f"pid {svc.pid}", where] if running else []
+    if running and svc.footprint_bytes:
+        parts.append(format_size(svc.footprint_bytes))
+    if svc.state == "ready" and svc.last_load_s is not None:
+        parts.append(f"loaded in {format_duration(svc.last_load_s)}")
     detail = f" ({', '.join(parts)})" if parts else ""
-    line = f"{svc.get('name')}: {svc.get('state')}{detail}"
-    if svc.get("waiting_for"):
-        line += f"; {svc['waiting_for']} (it loads as soon as it can)"
+    line = f"{svc.name}: {svc.state}{detail}"
+    if svc.waiting_for:
+        line += f"; {svc.waiting_for} (it loads as soon as it can)"
     return line
 
 
-def admission_lines(answer: dict[str, Any]) -> Iterator[str]:
+def admission_lines(answer: Explanation) -> Iterator[str]:
     """``explain``: the verdict, then each service it would evict and each it waits for."""
-    yield answer["message"]
-    for victim in answer.get("victims", []):
+    yield answer.message
+    for victim in answer.victims:
         state = (
             "already stopping"
-            if victim.get("already_stopping")
-            else ("busy, drained first" if victim.get("busy") else "idle")
+            if victim.already_stopping
+            else ("busy, drained first" if victim.busy else "idle")
         )
         yield (
-            f"  evicts {victim['service']} ({victim['residency']}, priority "
-            f"{victim['priority']}, {state}): frees {format_size(victim['bytes'])}"
+            f"  evicts {victim.service} ({victim.residency}, priority "
+            f"{victim.priority}, {state}): frees {format_size(victim.bytes)}"
         )
-    for holder in answer.get("holders", []):
-        yield f"  waits for {holder['text']}"
+    for holder in answer.holders:
+        yield f"  waits for {holder.text}"
     yield from client_lines(answer)
 
 
-def yielding_lines(yielding: dict[str, Any], service: str | None = None) -> Iterator[str]:
+def yielding_lines(yielding: YieldingView, service: str | None = None) -> Iterator[str]:
     """``GET /api/scheduler``'s ``yielding``: the setting, what it stands for, and why."""
-    current = yielding["current"] + (" with top-never" if yielding.get("top_never") else "")
-    if yielding["setting"] == "auto":
-        since = local_time(yielding.get("since"), "%H:%M:%S")
+    current = yielding.current + (" with top-never" if yielding.top_never else "")
+    if yielding.setting == "auto":
+        since = local_time(yielding.since, "%H:%M:%S")
         yield f"yielding: auto, now {current} (since {since})"
     else:
-        yield f"yielding: {yielding['setting']}"
-    own = yielding.get("services", {}).get(service) if service else None
+        yield f"yielding: {yielding.setting}"
+    own = yielding.services.get(service) if service else None
     if own is not None:
         yield f"  {service} yields as {own}"
-    yield f"  why: {yielding['why']}"
+    yield f"  why: {yielding.why}"
 
 
-def client_lines(answer: dict[str, Any]) -> Iterator[str]:
+def client_lines(answer: Explanation) -> Iterator[str]:
     """Who has requests at the service, by client: waiting, and in flight."""
     for key, what in (("waiting_by_client", "waiting"), ("in_flight_by_client", "in flight")):
-        counts = answer.get(key) or {}
+        counts: dict[str, int] = getattr(answer, key)
         if counts:
             listed = ", ".join(f"{client} {n}" for client, n in counts.items())
             yield f"  {what}, by client: {listed}"
@@ -220,83 +232,80 @@ def issue_text(issue: dict[str, Any]) -> str:
     return f"{where}: {issue.get('message')}" if where else str(issue.get("message"))
 
 
-def event_line(event: dict[str, Any]) -> str:
-    return (
-        f"{local_time(event.get('ts'))}  {event.get('kind', ''):<14} "
-        f"{event.get('service') or '-':<16} {event.get('message', '')}"
-    )
+def event_line(event: EventRecord) -> str:
+    return f"{local_time(event.ts)}  {event.kind:<14} {event.service or '-':<16} {event.message}"
 
 
 # ---------------------------------------------------------- windows, incidents
 
 
-def windows_table(windows: Iterable[dict[str, Any]]) -> Table:
+def windows_table(windows: Iterable[Window]) -> Table:
     table = new_table(
         "NAME", "ORIGIN", "SCHEDULE", "DURATION", "RESTART", "ALLOW", "NEXT START", "OPEN"
     )
     for window in windows:
-        if window.get("cron"):
-            schedule = f"{window['cron']} ({window.get('timezone') or 'UTC'})"
+        if window.cron:
+            schedule = f"{window.cron} ({window.timezone or 'UTC'})"
         else:
-            schedule = f"at {local_time(window.get('start_at'))}"
-        restart = window.get("restart")
+            schedule = f"at {local_time(window.start_at)}"
+        restart = window.restart
         opened = "no"
-        if window.get("open"):
-            opened = f"yes, until {local_time(window.get('closes_at'), '%H:%M:%S')}"
+        if window.open:
+            opened = f"yes, until {local_time(window.closes_at, '%H:%M:%S')}"
         add_row(
             table,
-            window.get("name"),
-            window.get("origin"),
+            window.name,
+            window.origin,
             schedule,
-            format_duration(window.get("duration_s")),
+            format_duration(window.duration_s),
             ",".join(restart) if isinstance(restart, list) else restart,
-            ",".join(window.get("allow") or []) or "-",
-            local_time(window.get("next_start")),
+            ",".join(window.allow or []) or "-",
+            local_time(window.next_start),
             opened,
         )
     return table
 
 
-def incidents_table(incidents: Iterable[dict[str, Any]]) -> Table:
+def incidents_table(incidents: Iterable[IncidentSummary]) -> Table:
     table = new_table("ID", "TIME", "SERVICE", "KIND", "VERDICT", "SUMMARY")
     for incident in incidents:
         add_row(
             table,
-            incident.get("id"),
-            local_time(incident.get("ts")),
-            incident.get("service"),
-            incident.get("kind"),
-            incident.get("verdict"),
-            incident.get("summary"),
+            incident.id,
+            local_time(incident.ts),
+            incident.service,
+            incident.kind,
+            incident.verdict,
+            incident.summary,
         )
     return table
 
 
-def usage_table(rows: Iterable[dict[str, Any]]) -> Table:
+def usage_table(rows: Iterable[UsageRow]) -> Table:
     table = new_table(
         "CLIENT", "SERVICE", "REQUESTS", "ERRORS", "TOKENS IN", "TOKENS OUT", "RUNTIME", "MEDIA"
     )
     for row in rows:
-        errors = row.get("errors_by_code") or {}
-        media = [f"{row['images']} images"] if row.get("images") else []
-        media += [f"{format_duration(row['audio_s'])} audio"] if row.get("audio_s") else []
+        errors = row.errors_by_code or {}
+        media = [f"{row.images} images"] if row.images else []
+        media += [f"{format_duration(row.audio_s)} audio"] if row.audio_s else []
         add_row(
             table,
-            row.get("client"),
-            row.get("service"),
-            row.get("requests"),
+            row.client,
+            row.service,
+            row.requests,
             ", ".join(f"{n} {code}" for code, n in errors.items()) or "0",
-            row.get("tokens_in"),
-            row.get("tokens_out"),
-            format_duration(row.get("runtime_s") or 0),
+            row.tokens_in,
+            row.tokens_out,
+            format_duration(row.runtime_s or 0),
             ", ".join(media) or "-",
         )
     return table
 
 
-def incident_lines(record: dict[str, Any]) -> Iterator[str]:
+def incident_lines(record: Incident) -> Iterator[str]:
     """One incident in full, a ``key: value`` entry per field; nested values as JSON."""
-    for key, value in record.items():
+    for key, value in record.model_dump().items():
         if key == "ts" and isinstance(value, int | float):
             value = f"{local_time(value)} ({value})"
         if isinstance(value, dict | list):

@@ -76,9 +76,9 @@ def windows_add(
         window = client.add_window(
             name=name, start=start, duration=duration, restart=targets, allow=split_names(allow)
         )
-    opens = "open now" if window.get("open") else f"opens {local_time(window.get('next_start'))}"
+    opens = "open now" if window.open else f"opens {local_time(window.next_start)}"
     out.print(
-        f"window {name} added: {opens} for {format_duration(window.get('duration_s'))}",
+        f"window {name} added: {opens} for {format_duration(window.duration_s)}",
         markup=False,
     )
 

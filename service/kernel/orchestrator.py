@@ -15,6 +15,14 @@ from typing import Any
 
 from service.adapters import find_oom
 from service.clock import Clock
+from service.contract import (
+    ApplyAnswer,
+    Explanation,
+    LogLine,
+    ServiceMemory,
+    ServiceStatus,
+    Status,
+)
 from service.domain import EventKind, Flag, InstanceState
 from service.errors import (
     ErrorCode,
@@ -227,9 +235,7 @@ class Orchestrator:
 
     # -------------------------------------------------------------- policy apply
 
-    async def apply_policy(
-        self, text: str, *, source: str, dry_run: bool = False
-    ) -> dict[str, Any]:
+    async def apply_policy(self, text: str, *, source: str, dry_run: bool = False) -> ApplyAnswer:
         """Validate, diff, store as a version, then act (docs/policy.md, "Applying a changed
         policy").
 
@@ -242,9 +248,7 @@ class Orchestrator:
         async with self._applying:  # one apply at a time: each diffs against the last
             return await self._apply(policy, text, source=source, dry_run=dry_run)
 
-    async def _apply(
-        self, policy: Policy, text: str, *, source: str, dry_run: bool
-    ) -> dict[str, Any]:
+    async def _apply(self, policy: Policy, text: str, *, source: str, dry_run: bool) -> ApplyAnswer:
         if refuse_unsafe_bind(self._bind_host, policy):
             message = (
                 f"vramd listens on {self._bind_host}, reachable from other machines: "
@@ -257,13 +261,9 @@ class Orchestrator:
         if conflicts:
             raise PolicyError(conflicts)
         diff = diff_policies(self.policy, policy)
-        result: dict[str, Any] = {
-            "dry_run": dry_run,
-            "diff": diff.model_dump(mode="json"),
-            "lines": diff.lines(),
-            "version": None,
-            "changed": False,
-        }
+        result = ApplyAnswer(
+            dry_run=dry_run, diff=diff, lines=diff.lines(), version=None, changed=False
+        )
         if dry_run:
             return result
         now = self._clock.now()
@@ -272,13 +272,13 @@ class Orchestrator:
                 session, policy=policy, text=text, source=source, now=now
             )
         )
-        result.update(version=version, changed=is_new)
+        result.version, result.changed = version, is_new
         if is_new:
             self._install(policy, diff.added, {c.name for c in diff.changed if c.restart})
             self.events.record(
                 EventKind.POLICY,
                 f"policy version {version} applied from {source}: " + "; ".join(diff.lines()),
-                data={"version": version, "diff": result["diff"]},
+                data={"version": version, "diff": diff.model_dump(mode="json")},
             )
         return result
 
@@ -408,7 +408,7 @@ class Orchestrator:
             raise ServiceNotFound(f"no service named {name!r}")
         return rt
 
-    async def load(self, name: str) -> dict[str, Any]:
+    async def load(self, name: str) -> ServiceStatus:
         """Load a service (clears ``failed``) and wait until it is ready, waiting for
         memory (the answer says for what: the load still happens when it can), or
         refused."""
@@ -417,13 +417,13 @@ class Orchestrator:
         self.doctor.clear_flags(rt, {Flag.CRASH_LOOPING}, "an operator's load")
         return await self._ask(rt, lambda ticket: LoadRequested(name, ticket))
 
-    async def unload(self, name: str) -> dict[str, Any]:
+    async def unload(self, name: str) -> ServiceStatus:
         """Drain and stop a service (pinned ones stay down until loaded again)."""
         rt = self.runtime(name)
         self.events.record(EventKind.OPERATOR, f"unload {name} requested", service=name)
         return await self._ask(rt, lambda ticket: UnloadRequested(name, ticket))
 
-    async def restart(self, name: str) -> dict[str, Any]:
+    async def restart(self, name: str) -> ServiceStatus:
         """A drained restart (docs/policy.md, "Restarts") and wait for the new instance; a
         service that is not loaded is loaded."""
         rt = self.runtime(name)
@@ -433,7 +433,7 @@ class Orchestrator:
         reason = "requested by an operator"
         return await self._ask(rt, lambda ticket: RestartRequested(name, reason, ticket))
 
-    async def _ask(self, rt: ServiceRuntime, event: Callable[[str], Event]) -> dict[str, Any]:
+    async def _ask(self, rt: ServiceRuntime, event: Callable[[str], Event]) -> ServiceStatus:
         """Feed an operator's event and wait for the scheduler's answer to it."""
         ticket = self._tickets.issue()
         self.feed(event(ticket))
@@ -444,33 +444,33 @@ class Orchestrator:
             raise_for(answer)
         return self.service_view(rt.name)
 
-    def admission(self, name: str) -> dict[str, Any]:
+    def admission(self, name: str) -> Explanation:
         """What loading ``name`` now would do (``GET /api/services/{name}/admission``)."""
         self.runtime(name)
-        return self.scheduler.explain(name, self._clock.monotonic()).as_dict()
+        return Explanation.model_validate(
+            self.scheduler.explain(name, self._clock.monotonic()).as_dict()
+        )
 
-    def logs(self, name: str, tail: int) -> list[dict[str, Any]]:
-        rt = self.runtime(name)
+    def logs(self, name: str, tail: int) -> list[LogLine]:
         return [
-            {"ts": line.ts, "stream": line.stream, "text": line.text} for line in rt.log.tail(tail)
+            LogLine(ts=line.ts, stream=line.stream, text=line.text)
+            for line in self.runtime(name).log.tail(tail)
         ]
 
     # ------------------------------------------------------------------- views
 
-    def service_view(self, name: str) -> dict[str, Any]:
-        rt = self.runtime(name)
-        view = views.service_view(rt, self.scheduler.service_view(name, self._clock.monotonic()))
-        view["memory"] = views.memory_view(rt, self.doctor.watches.get(name))
-        view["saved_state"] = views.state_view(rt, self._effects.keeper)
-        return view
+    def service_view(self, name: str) -> ServiceStatus:
+        rt, watch = self.runtime(name), self.doctor.watches.get(name)
+        view = self.scheduler.service_view(name, self._clock.monotonic())
+        return views.service_view(rt, view, watch, self._effects.keeper)
 
-    def memory_view(self, name: str) -> dict[str, Any]:
+    def memory_view(self, name: str) -> ServiceMemory:
         return views.memory_view(self.runtime(name), self.doctor.watches.get(name))
 
-    def services_view(self) -> list[dict[str, Any]]:
+    def services_view(self) -> list[ServiceStatus]:
         return [self.service_view(name) for name in self.runtimes]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         scheduler = self.scheduler
         return views.status_view(
             reading=self._last.reading,

@@ -25,5 +25,5 @@ async def reload_policy_file(orchestrator: Orchestrator, path: Path) -> None:
             data={"errors": [issue.as_dict() for issue in exc.issues]},
         )
     else:
-        if not result["changed"]:
+        if not result.changed:
             events.record(EventKind.POLICY, f"SIGHUP: {path} unchanged")

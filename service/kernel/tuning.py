@@ -8,9 +8,9 @@ import json
 import pickle
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from service.clock import Clock
+from service.contract import TuningFigures, YieldingView
 from service.domain import EventKind, Yielding
 from service.live.events import EventLog
 from service.policy import Policy
@@ -50,7 +50,7 @@ class AutoTuning:
             if self.tuner.due(self._clock.monotonic()):
                 await self.tune()
 
-    async def tune(self) -> dict[str, Any]:
+    async def tune(self) -> YieldingView:
         """One round now (``POST /api/scheduler/tune`` too); returns the view after it."""
         async with self._round:
             now, traffic = self._clock.monotonic(), self._pump.traffic
@@ -80,7 +80,7 @@ class AutoTuning:
                     data={
                         "current": choice.tuning.yielding.value,
                         "top_never": choice.tuning.top_never,
-                        "figures": [_figures_data(f) for f in figures],
+                        "figures": [_figures_data(f).model_dump() for f in figures],
                         "cpu_s": round(cpu_s, 3),
                     },
                 )
@@ -118,39 +118,39 @@ class AutoTuning:
                 proc.kill()
             await proc.wait()
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> YieldingView:
         """``GET /api/scheduler``'s ``yielding`` (docs/api.md, "Scheduler")."""
         policy, tuner = self._policy(), self.tuner
         setting = policy.defaults.yielding
         tuned = bool(auto_services(policy))
         fixed = f"no service has yielding: auto (defaults.yielding: {setting.value})"
-        return {
-            "setting": setting.value,
-            "current": tuner.current.yielding.value if setting is Yielding.AUTO else setting.value,
-            "top_never": tuner.current.top_never and setting is Yielding.AUTO,
-            "since": self._wall(tuner.since),
-            "why": tuner.why if tuned else fixed,
-            "services": {
+        return YieldingView(
+            setting=setting.value,
+            current=tuner.current.yielding.value if setting is Yielding.AUTO else setting.value,
+            top_never=tuner.current.top_never and setting is Yielding.AUTO,
+            since=self._wall(tuner.since),
+            why=tuner.why if tuned else fixed,
+            services={
                 name: tuner.current.label if svc.yielding is Yielding.AUTO else svc.yielding.value
                 for name, svc in sorted(policy.services.items())
             },
-            "figures": [_figures_data(f) for f in tuner.figures],
-            "rounds": tuner.rounds,
-            "cpu_s": round(tuner.cpu_s, 3),
-            "next_round": self._wall(tuner.next_at) if tuned and not tuner.running else None,
-        }
+            figures=[_figures_data(f) for f in tuner.figures],
+            rounds=tuner.rounds,
+            cpu_s=round(tuner.cpu_s, 3),
+            next_round=self._wall(tuner.next_at) if tuned and not tuner.running else None,
+        )
 
     def _wall(self, monotonic: float) -> float:
         """A time on the monotonic clock as wall-clock seconds since the epoch."""
         return round(monotonic + self._clock.now() - self._clock.monotonic(), 3)
 
 
-def _figures_data(f: Figures) -> dict[str, Any]:
-    return {
-        "candidate": f.tuning.label,
-        "weighted_slo": round(f.weighted_slo, 4),
-        "served": f.served,
-        "requests": f.requests,
-        "loads": f.loads,
-        "failed_oom": f.failed_oom,
-    }
+def _figures_data(f: Figures) -> TuningFigures:
+    return TuningFigures(
+        candidate=f.tuning.label,
+        weighted_slo=round(f.weighted_slo, 4),
+        served=f.served,
+        requests=f.requests,
+        loads=f.loads,
+        failed_oom=f.failed_oom,
+    )

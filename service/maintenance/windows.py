@@ -10,9 +10,9 @@ and the operator's one-off windows (``POST``/``DELETE /api/maintenance``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from service.clock import Clock
+from service.contract import Window, WindowList
 from service.domain import INSTANCE_FLAGS, EventKind
 from service.errors import InvalidRequest, ServiceNotFound
 from service.live.events import EventLog
@@ -151,12 +151,12 @@ class Windows:
         )
         self.changed()
 
-    def run(self, name: str) -> dict[str, Any]:
+    def run(self, name: str) -> Window:
         """Open a window now for its duration (``POST /api/maintenance/{name}/run``)."""
         if name not in self.maintenance.windows:
             raise ServiceNotFound(f"no maintenance window named {name!r}")
         self.maintenance.open_window(name, trigger="manual")
-        return self.view(name)
+        return self.window(name)
 
     async def add(
         self,
@@ -166,7 +166,7 @@ class Windows:
         duration_s: float,
         restart: str | list[str],
         allow: list[str],
-    ) -> dict[str, Any]:
+    ) -> Window:
         """A one-off window an operator scheduled; stored, so it survives restarts."""
         problems = [
             f"no service named {svc!r}"
@@ -204,7 +204,7 @@ class Windows:
             f"(restart {restart})",
             data={"window": name},
         )
-        return self.view(name)
+        return self.window(name)
 
     async def delete(self, name: str) -> None:
         deleted = await self._writer.call(
@@ -217,29 +217,26 @@ class Windows:
         self.changed()
         self._events.record(EventKind.WINDOW_DELETED, f"maintenance window {name} deleted")
 
-    def view(self, name: str | None = None) -> dict[str, Any]:
-        out = []
-        for spec in self.maintenance.windows.values():
-            if name is not None and spec.name != name:
-                continue
-            window = self.maintenance.open.get(spec.name)
-            out.append(
-                {
-                    "name": spec.name,
-                    "origin": spec.origin,
-                    "cron": spec.cron,
-                    "start_at": spec.start_at,
-                    "duration_s": spec.duration_s,
-                    "timezone": spec.timezone,
-                    "restart": spec.restart
-                    if isinstance(spec.restart, str)
-                    else list(spec.restart),
-                    "allow": list(spec.allow),
-                    "next_start": self.maintenance.next_start(spec.name),
-                    "open": window is not None,
-                    "closes_at": window.closes_at if window else None,
-                }
-            )
-        if name is not None:
-            return out[0]
-        return {"windows": out}
+    def view(self) -> WindowList:
+        return WindowList(
+            windows=[self._window(spec) for spec in self.maintenance.windows.values()]
+        )
+
+    def window(self, name: str) -> Window:
+        return self._window(self.maintenance.windows[name])
+
+    def _window(self, spec: WindowSpec) -> Window:
+        window = self.maintenance.open.get(spec.name)
+        return Window(
+            name=spec.name,
+            origin=spec.origin,
+            cron=spec.cron,
+            start_at=spec.start_at,
+            duration_s=spec.duration_s,
+            timezone=spec.timezone,
+            restart=spec.restart if isinstance(spec.restart, str) else list(spec.restart),
+            allow=list(spec.allow),
+            next_start=self.maintenance.next_start(spec.name),
+            open=window is not None,
+            closes_at=window.closes_at if window else None,
+        )

@@ -27,6 +27,7 @@ from support.daemon import (
 )
 
 from service.cli.render import service_notes
+from service.contract import ServiceStatus
 
 PINNED = {
     "kind": "chat",
@@ -124,7 +125,7 @@ def test_a_runtime_killed_again_and_again_under_traffic_is_never_given_up(
         assert "crash-looping" in chat_now["flags"]
         assert backing_off["backoff"]["cause"] == "died"
         assert backing_off["backoff"]["deaths_in_10_min"] == 3
-        (note,) = service_notes([backing_off])
+        (note,) = service_notes([ServiceStatus.model_validate(backing_off)])
         assert note.startswith("chat: died after being ready, 3 times in 10 min (killed by")
         assert "; next start " in note
         states = [e["data"].get("to") for e in daemon.events(service="chat", kind="state")]

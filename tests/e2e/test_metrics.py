@@ -18,10 +18,12 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from support.contract import status_of
 from support.daemon import Daemon, demo_command, policy_yaml, running_daemon
 
 from service.api.exposition import family_text
 from service.api.metrics import FLAGS, STATES, Metrics, status_families
+from service.contract import Status
 
 MiB = 2**20
 
@@ -96,9 +98,9 @@ class FakeStatus:
         self.view = fake_status()
         self.reads = 0
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> Status:
         self.reads += 1
-        return copy.deepcopy(self.view)
+        return status_of(copy.deepcopy(self.view))
 
 
 @pytest.fixture
@@ -341,7 +343,10 @@ def test_vramds_text_reads_back_as_prometheus_clients_own_would(metrics: Metrics
     status["services"][1]["name"] = 'odd "name"\\with\nbreaks'
     metrics.request_done("chat", "ok", queue_s=0.3)
     metrics.load_done("chat", 12.0)
-    families = [*status_families(status, version="9", backend=None), *metrics.registry.collect()]
+    families = [
+        *status_families(status_of(status), version="9", backend=None),
+        *metrics.registry.collect(),
+    ]
 
     class Families:
         def collect(self) -> list[Metric]:

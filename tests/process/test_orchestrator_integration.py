@@ -484,9 +484,9 @@ async def test_mixed_load_never_overcommits(harness: OrchestratorHarness) -> Non
     }
     daemon = await harness.start(policy_text(services))
     orc = daemon.orchestrator
-    peaks = sum(v["expected_peak_bytes"] for v in orc.services_view())
-    await wait_until(lambda: bool(orc.status()["devices"]), what="a first sample")
-    budget = orc.status()["devices"][0]["budget_bytes"]
+    peaks = sum(v.expected_peak_bytes for v in orc.services_view())
+    await wait_until(lambda: bool(orc.status().devices), what="a first sample")
+    budget = orc.status().devices[0].budget_bytes
     assert budget == 384 * MIB
     assert 1.8 * budget <= peaks <= 2.2 * budget
     await wait_state(daemon, "p", "ready")
@@ -506,7 +506,7 @@ async def test_mixed_load_never_overcommits(harness: OrchestratorHarness) -> Non
 
     async def watch() -> None:
         while not stop_watching.is_set():
-            samples.append(orc.status())
+            samples.append(orc.status().model_dump())
             await asyncio.sleep(0.1)
 
     async def request(index: int, at: float, name: str, hold: float, origin: float) -> None:

@@ -175,7 +175,7 @@ async def test_the_daemons_round_feeds_its_choice_and_writes_a_tuning_event(tmp_
     scheduler and the event log."""
     system = simulate(fixed_system(Tuning()), setup(), trace((0, 1800, QUIET_HI)))
     with daemon_tuning(tmp_path, system) as (tuning, store, writer):
-        view = await tuning.tune()
+        view = (await tuning.tune()).model_dump()
         job = tuner.job_of(
             system.setup.policy, system.pump.traffic.since(system.clock.now - tuner.WINDOW_S),
             system.scheduler.learned(), system.pump.traffic.device_totals, Tuning(),
@@ -202,6 +202,6 @@ async def test_too_little_traffic_runs_no_round_and_changes_nothing(
 ) -> None:
     system = simulate(fixed_system(Tuning()), setup(), trace((0, 5 * 240.0, QUIET_HI))[:requests])
     with daemon_tuning(tmp_path, system) as (tuning, _, _):
-        view = await tuning.tune()
+        view = (await tuning.tune()).model_dump()
         assert view["rounds"] == 0 and view["current"] == "balanced"
         assert view["why"] == f"not tuned yet: {requests} requests in the last hour, fewer than 30"

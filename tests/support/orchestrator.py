@@ -141,8 +141,8 @@ class RunningDaemon:
             ]
 
     def view(self, name: str) -> dict[str, Any]:
-        by_name = {view["name"]: view for view in self.orchestrator.services_view()}
-        return by_name[name]
+        by_name = {view.name: view for view in self.orchestrator.services_view()}
+        return by_name[name].model_dump()
 
 
 class OrchestratorHarness:

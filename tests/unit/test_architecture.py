@@ -22,7 +22,8 @@ SERVICE = ROOT / "service"
 # the layers before it.
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("domain", "errors", "units", "clock"),
-    1: ("policy", "settings", "store", "devices", "supervisor", "adapters", "ollama", "importers",
+    1: ("policy", "contract", "settings", "store", "devices", "supervisor", "adapters", "ollama",
+        "importers",
         "simgpu", "demo_runtime", "real_runtimes"),
     2: ("scheduler",),
     3: ("live", "replay"),
@@ -209,3 +210,14 @@ def test_the_simulator_and_the_bench_import_the_daemons_constants_never_copy_the
     daemon = module_constants([p for p in modules() if replay not in p.parents])
     copies = module_constants([*sorted(replay.glob("*.py")), *bench_modules()])
     assert {key: where for key, where in copies.items() if key in daemon} == {}
+
+
+MODULE_DOCSTRINGS_MAX_LINES = 1300
+
+
+def test_module_docstrings_stay_short_the_story_lives_in_the_docs() -> None:
+    lines = sum(
+        len((ast.get_docstring(ast.parse(path.read_text()), clean=False) or "").splitlines())
+        for path in modules()
+    )
+    assert lines <= MODULE_DOCSTRINGS_MAX_LINES, "tell it in docs/architecture.md"

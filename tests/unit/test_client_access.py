@@ -14,6 +14,7 @@ import pytest
 from service.api.auth import ANONYMOUS, AuthConfig, Caller, scope_for
 from service.api.metrics import client_families
 from service.cli.render import admission_lines
+from service.contract import Explanation
 from service.errors import ModelNotAllowed
 from service.live.usage import AnswerUsage, UsageBook
 from service.policy import diff_policies, load_policy
@@ -227,15 +228,35 @@ def test_scoped_admin_keys_dump_and_diff_without_serializer_warnings() -> None:
     assert "sk-" not in " ".join(diff.lines())  # the diff names keys' places, not keys
 
 
+def explanation(message: str, **fields: object) -> Explanation:
+    return Explanation.model_validate(
+        {
+            "service": "img",
+            "verdict": "loaded",
+            "message": message,
+            "need_bytes": 1,
+            "device": 0,
+            "devices": [0],
+            "available_bytes": {},
+            "victims": [],
+            "holders": [],
+            "behind": None,
+            "waiting_by_client": {},
+            "in_flight_by_client": {},
+            **fields,
+        }
+    )
+
+
 def test_explain_prints_who_waits_and_who_is_served_by_client() -> None:
-    answer = {
-        "message": "img is ready on device 0, charged 1GiB",
-        "waiting_by_client": {"alice": 12, "bob": 1},
-        "in_flight_by_client": {"alice": 2},
-    }
+    answer = explanation(
+        "img is ready on device 0, charged 1GiB",
+        waiting_by_client={"alice": 12, "bob": 1},
+        in_flight_by_client={"alice": 2},
+    )
     assert list(admission_lines(answer)) == [
         "img is ready on device 0, charged 1GiB",
         "  waiting, by client: alice 12, bob 1",
         "  in flight, by client: alice 2",
     ]
-    assert list(admission_lines({"message": "m", "waiting_by_client": {}})) == ["m"]
+    assert list(admission_lines(explanation("m"))) == ["m"]

@@ -392,7 +392,7 @@ async def test_opening_a_window_restarts_its_running_targets_and_allows_its_serv
         restart, opened = kit.fed
         assert restart == RestartRequested("chat", "maintenance window nightly")
         assert isinstance(opened, WindowChanged) and opened.allowed == frozenset({"batch"})
-        assert windows.view("nightly")["open"] is True
+        assert windows.window("nightly").open is True
     finally:
         windows.shutdown()
 

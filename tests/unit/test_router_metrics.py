@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.contract import status_of
 
 from service.adapters.llamacpp import slots_kv_usage
 from service.api.metrics import Metrics
 from service.api.router_metrics import router_exposition
+from service.contract import Status
 from service.kernel.views import NodeLoad, ServiceLoad
 
 GiB = 2**30
@@ -163,9 +165,9 @@ def status_with(in_flight: int) -> dict[str, Any]:
 def test_vramd_series_are_a_snapshot_renewed_at_the_sampler_pace() -> None:
     clock, reads, node = Clock(), [], [load(svc("m", in_flight=1))]
 
-    def status() -> dict[str, Any]:
+    def status() -> Status:
         reads.append(clock.t)
-        return status_with(in_flight=len(reads))
+        return status_of(status_with(in_flight=len(reads)))
 
     metrics = Metrics(status, version="1", node_load=lambda: node[0], refresh_s=1.0, clock=clock)
     first = parsed(metrics.render()[0].decode())
@@ -185,9 +187,9 @@ def test_vramd_series_are_a_snapshot_renewed_at_the_sampler_pace() -> None:
 async def test_the_snapshot_is_kept_fresh_in_the_background_while_scraped() -> None:
     reads: list[int] = []
 
-    def status() -> dict[str, Any]:
+    def status() -> Status:
         reads.append(1)
-        return status_with(in_flight=len(reads))
+        return status_of(status_with(in_flight=len(reads)))
 
     metrics = Metrics(status, version="1", refresh_s=0.01)
     refresher = asyncio.create_task(metrics.keep_fresh())
