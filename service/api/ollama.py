@@ -174,7 +174,7 @@ async def _proxied(
     config = await get_proxy_config(request)
     raw = await read_body(request, config.max_json_body, "server.max_json_body")
     translated = translate(_json(raw))
-    asked = translated.body["model"]
+    asked = translated.model
     _check(caller, asked)
     caller = caller.named(request.headers.get("x-vramd-client"))
     routed = _resolve(leases, asked, translated.route)

@@ -73,14 +73,14 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def error_line(message: str) -> dict[str, str]:
+def error_line(message: str) -> dict[str, object]:
     """Ollama's error shape, for an error answer and for a stream that fails midway."""
     return {"error": message}
 
 
-def tool_calls_out(calls: Sequence[object]) -> list[dict[str, Any]]:
+def tool_calls_out(calls: Sequence[object]) -> list[dict[str, object]]:
     """OpenAI tool calls (JSON-text arguments) as Ollama's (object arguments)."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for call in calls:
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping):
@@ -97,7 +97,7 @@ def tool_calls_out(calls: Sequence[object]) -> list[dict[str, Any]]:
     return out
 
 
-def _arguments(text: object) -> dict[str, Any]:
+def _arguments(text: object) -> dict[str, object]:
     if isinstance(text, dict):
         return text
     if not isinstance(text, str) or not text.strip():
@@ -126,7 +126,7 @@ def _first_choice(openai: object) -> Mapping[str, Any]:
     raise RuntimeFailed("the runtime's answer has no choices")
 
 
-def chat_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, Any]:
+def chat_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, object]:
     """A whole ``/v1/chat/completions`` answer as an ``/api/chat`` one.
 
     Ollama's answers carry what OpenAI's do not: a ``created_at`` time (RFC 3339 in UTC with
@@ -148,7 +148,7 @@ def chat_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[s
     message = choice.get("message")
     message = message if isinstance(message, Mapping) else {}
     content = message.get("content")
-    out_message: dict[str, Any] = {
+    out_message: dict[str, object] = {
         "role": "assistant",
         "content": content if isinstance(content, str) else "",
     }
@@ -168,7 +168,7 @@ def chat_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[s
     }
 
 
-def generate_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, Any]:
+def generate_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, object]:
     """A whole chat or plain completion answer as an ``/api/generate`` one."""
     choice = _first_choice(openai)
     message = choice.get("message")
@@ -176,7 +176,7 @@ def generate_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> di
         text, thinking = message.get("content"), thinking_of(message)
     else:
         text, thinking = choice.get("text"), None
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "model": model,
         "created_at": rfc3339(timing.end_ns),
         "response": text if isinstance(text, str) else "",
@@ -189,9 +189,9 @@ def generate_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> di
     return out
 
 
-def idle_answer(model: str, at_ns: int, *, mode: str, reason: str) -> dict[str, Any]:
+def idle_answer(model: str, at_ns: int, *, mode: str, reason: str) -> dict[str, object]:
     """The answer to a load or unload request (no prompt): ``done_reason`` "load"/"unload"."""
-    out: dict[str, Any] = {"model": model, "created_at": rfc3339(at_ns)}
+    out: dict[str, object] = {"model": model, "created_at": rfc3339(at_ns)}
     if mode == "chat":
         out["message"] = {"role": "assistant", "content": ""}
     else:
@@ -218,7 +218,7 @@ def _embeddings(openai: object) -> list[list[float]]:
     return vectors
 
 
-def embed_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, Any]:
+def embed_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[str, object]:
     """A ``/v1/embeddings`` answer as an ``/api/embed`` one (one vector per input)."""
     counts = stats(timing, openai.get("usage"))
     return {
@@ -230,7 +230,7 @@ def embed_answer(openai: Mapping[str, Any], model: str, timing: Timing) -> dict[
     }
 
 
-def embeddings_answer(openai: Mapping[str, Any]) -> dict[str, Any]:
+def embeddings_answer(openai: Mapping[str, Any]) -> dict[str, object]:
     """A ``/v1/embeddings`` answer as a legacy ``/api/embeddings`` one: the first vector."""
     vectors = _embeddings(openai)
     return {"embedding": vectors[0] if vectors else []}

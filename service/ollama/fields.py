@@ -53,7 +53,7 @@ RUNTIME_OPTIONS = frozenset(
 _ZERO_DURATION = re.compile(r"^0+(\.0*)?(ns|us|µs|ms|s|m|h)?$")
 
 
-def require_object(body: object, what: str = "request body") -> dict[str, Any]:
+def require_object(body: object, what: str = "request body") -> dict[str, object]:
     if not isinstance(body, dict):
         raise InvalidRequest(f"{what}: must be a JSON object")
     return body
@@ -102,7 +102,7 @@ def is_unload(keep_alive: object) -> bool:
     return isinstance(keep_alive, str) and _ZERO_DURATION.match(keep_alive.strip()) is not None
 
 
-def map_options(options: object, out: dict[str, Any], ignored: list[str]) -> None:
+def map_options(options: object, out: dict[str, object], ignored: list[str]) -> None:
     """Add the OpenAI equivalents of Ollama ``options`` to ``out``; note what is dropped.
 
     Ollama's ``options`` mix two things: sampling parameters, which an OpenAI-compatible
@@ -157,7 +157,7 @@ def _stop(value: object) -> list[str]:
     raise InvalidRequest("options.stop: must be a string or a list of strings")
 
 
-def map_format(value: object, out: dict[str, Any]) -> None:
+def map_format(value: object, out: dict[str, object]) -> None:
     """``format: "json"`` is OpenAI's JSON mode; a schema object is structured output."""
     if value is None or value == "":
         return
@@ -172,7 +172,7 @@ def map_format(value: object, out: dict[str, Any]) -> None:
         raise InvalidRequest('format: must be "json" or a JSON schema object')
 
 
-def map_think(value: object, out: dict[str, Any]) -> None:
+def map_think(value: object, out: dict[str, object]) -> None:
     """``think`` turns a reasoning model's thinking on or off, or sets its effort.
 
     Thinking models' chat templates (Qwen3, DeepSeek R1 distills) read ``enable_thinking``
@@ -190,7 +190,7 @@ def map_think(value: object, out: dict[str, Any]) -> None:
         raise InvalidRequest('think: must be true, false, "low", "medium" or "high"')
 
 
-def stream_fields(stream: bool, out: dict[str, Any]) -> None:
+def stream_fields(stream: bool, out: dict[str, object]) -> None:
     out["stream"] = stream
     if stream:
         # The usage arrives in a last chunk of its own; the final NDJSON line needs it.

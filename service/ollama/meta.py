@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 # Paths under which the listener answers 501; /api/blobs/ is a prefix (/api/blobs/:digest).
 # Ollama's model-management routes, as (method, path) of its API.
@@ -78,7 +77,7 @@ def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION}
 
 
-def details(view: ModelView) -> dict[str, Any]:
+def details(view: ModelView) -> dict[str, object]:
     return {
         "parent_model": "",
         "format": "",
@@ -89,7 +88,7 @@ def details(view: ModelView) -> dict[str, Any]:
     }
 
 
-def tags(models: Iterable[ModelView], *, modified_at: datetime) -> dict[str, Any]:
+def tags(models: Iterable[ModelView], *, modified_at: datetime) -> dict[str, object]:
     """``/api/tags``: every model name."""
     return {
         "models": [
@@ -106,14 +105,14 @@ def tags(models: Iterable[ModelView], *, modified_at: datetime) -> dict[str, Any
     }
 
 
-def ps(models: Iterable[ModelView]) -> dict[str, Any]:
+def ps(models: Iterable[ModelView]) -> dict[str, object]:
     """``/api/ps``: the model names whose service is loaded now."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for view in models:
         if not view.loaded:
             continue
         size = max(0, view.size_bytes)
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "name": view.name,
             "model": view.name,
             "size": size,
@@ -133,10 +132,10 @@ def show(
     *,
     modified_at: datetime,
     capabilities: Iterable[str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """``/api/show``: what vramd knows of a model; ``capabilities`` overrides the kind's."""
     managed = f"# {view.name} is served by vramd service {view.service!r}; "
-    model_info: dict[str, Any] = {"general.architecture": view.family}
+    model_info: dict[str, object] = {"general.architecture": view.family}
     if view.context_length is not None:
         # Clients look for "<architecture>.context_length" to size their prompts.
         model_info[f"{view.family}.context_length"] = view.context_length

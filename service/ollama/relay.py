@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 from service.errors import RequestRejected
 from service.ollama.answers import (
@@ -29,7 +29,7 @@ Endpoint = Literal["chat", "generate", "embed", "embeddings"]
 NDJSON = b"application/x-ndjson"
 
 
-def _line(obj: dict[str, Any]) -> bytes:
+def _line(obj: Mapping[str, object]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 

@@ -27,11 +27,16 @@ _IGNORED_TOP_LEVEL = ("keep_alive", "template", "context", "logprobs", "top_logp
 @dataclass(frozen=True)
 class Translated:
     route: str
-    body: dict[str, Any]
+    body: dict[str, object]
     stream: bool
     ignored: tuple[str, ...] = ()
     load_only: bool = False
     unload_only: bool = False
+
+    @property
+    def model(self) -> str:
+        """The model the client named (every translation checks it is a string)."""
+        return str(self.body["model"])
 
 
 def chat_request(body: object) -> Translated:
@@ -56,7 +61,7 @@ def chat_request(body: object) -> Translated:
     model = f.require_model(req)
     messages = f.optional_list(req, "messages") or []
     stream = f.wants_stream(req)
-    out: dict[str, Any] = {"model": model, "messages": _messages(messages)}
+    out: dict[str, object] = {"model": model, "messages": _messages(messages)}
     tools = f.optional_list(req, "tools")
     if tools:
         # Ollama's tool definitions are OpenAI's already.
@@ -81,7 +86,7 @@ def generate_request(body: object) -> Translated:
     raw = bool(f.optional_bool(req, "raw"))
     stream = f.wants_stream(req)
     ignored = _ignored_top_level(req)
-    out: dict[str, Any] = {"model": model}
+    out: dict[str, object] = {"model": model}
     if raw or suffix:
         route = COMPLETIONS_ROUTE
         out["prompt"] = prompt
@@ -92,7 +97,7 @@ def generate_request(body: object) -> Translated:
         ignored += [name for name in ("system", "images", "think") if req.get(name)]
     else:
         route = CHAT_ROUTE
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, object]] = []
         if system:
             messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": _content(prompt, images)})
@@ -118,7 +123,7 @@ def embed_request(body: object) -> Translated:
         inputs = raw_input
     else:
         raise InvalidRequest("input: must be a string or a list of strings")
-    out: dict[str, Any] = {"model": model, "input": inputs, "encoding_format": "float"}
+    out: dict[str, object] = {"model": model, "input": inputs, "encoding_format": "float"}
     dimensions = req.get("dimensions")
     if dimensions is not None:
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
@@ -137,7 +142,7 @@ def embeddings_request(body: object) -> Translated:
     req = f.require_object(body)
     model = f.require_model(req)
     prompt = f.optional_str(req, "prompt") or ""
-    out: dict[str, Any] = {"model": model, "input": [prompt], "encoding_format": "float"}
+    out: dict[str, object] = {"model": model, "input": [prompt], "encoding_format": "float"}
     ignored = _ignored_top_level(req)
     _ignore_all_options(req, ignored)
     return _translated(EMBEDDINGS_ROUTE, out, False, ignored, not prompt, req)
@@ -145,11 +150,11 @@ def embeddings_request(body: object) -> Translated:
 
 def _translated(
     route: str,
-    out: dict[str, Any],
+    out: dict[str, object],
     stream: bool,
     ignored: list[str],
     empty: bool,
-    req: dict[str, Any],
+    req: dict[str, object],
 ) -> Translated:
     unload = empty and f.is_unload(req.get("keep_alive"))
     return Translated(
@@ -162,19 +167,19 @@ def _translated(
     )
 
 
-def _ignored_top_level(req: dict[str, Any]) -> list[str]:
+def _ignored_top_level(req: dict[str, object]) -> list[str]:
     return [name for name in _IGNORED_TOP_LEVEL if req.get(name) is not None]
 
 
-def _ignore_all_options(req: dict[str, Any], ignored: list[str]) -> None:
+def _ignore_all_options(req: dict[str, object], ignored: list[str]) -> None:
     # An embedding has no sampling: every option is either a load option or meaningless.
     options = req.get("options")
     if options is not None:
         ignored.extend(f"options.{name}" for name in f.require_object(options, "options"))
 
 
-def _messages(messages: list[Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _messages(messages: list[Any]) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
     # Tool calls not yet answered, oldest first, as (id, function name).
     pending: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
@@ -185,20 +190,24 @@ def _messages(messages: list[Any]) -> list[dict[str, Any]]:
             raise InvalidRequest(f"{where}role: required, a string")
         content = f.optional_str(msg, "content", where) or ""
         images = _images(f.optional_list(msg, "images", where) or [], f"{where}images")
-        item: dict[str, Any] = {"role": role, "content": _content(content, images)}
+        item: dict[str, object] = {"role": role, "content": _content(content, images)}
         calls = f.optional_list(msg, "tool_calls", where)
         if calls:
-            item["tool_calls"] = [
+            made = [
                 _tool_call(call, f"{where}tool_calls[{k}]", i, k) for k, call in enumerate(calls)
             ]
-            pending.extend((c["id"], c["function"]["name"]) for c in item["tool_calls"])
+            item["tool_calls"] = [call for call, _ in made]
+            pending.extend(key for _, key in made)
         if role == "tool":
             item.update(_tool_result(msg, where, pending, i))
         out.append(item)
     return out
 
 
-def _tool_call(call: object, where: str, i: int, k: int) -> dict[str, Any]:
+def _tool_call(
+    call: object, where: str, i: int, k: int
+) -> tuple[dict[str, object], tuple[str, str]]:
+    """OpenAI's tool call, and the (id, name) a later tool message answers."""
     c = f.require_object(call, where)
     function = f.require_object(c.get("function"), f"{where}.function")
     name = function.get("name")
@@ -213,12 +222,13 @@ def _tool_call(call: object, where: str, i: int, k: int) -> dict[str, Any]:
     call_id = c.get("id")
     if not isinstance(call_id, str) or not call_id:
         call_id = f"call_{i}_{k}"
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    function_call = {"name": name, "arguments": arguments}
+    return {"id": call_id, "type": "function", "function": function_call}, (call_id, name)
 
 
 def _tool_result(
-    msg: dict[str, Any], where: str, pending: list[tuple[str, str]], i: int
-) -> dict[str, Any]:
+    msg: dict[str, object], where: str, pending: list[tuple[str, str]], i: int
+) -> dict[str, object]:
     tool_name = f.optional_str(msg, "tool_name", where)
     call_id = f.optional_str(msg, "tool_call_id", where)
     if call_id is None:
@@ -230,7 +240,7 @@ def _tool_result(
             call_id = f"call_{i}"
     else:
         pending[:] = [p for p in pending if p[0] != call_id]
-    result: dict[str, Any] = {"tool_call_id": call_id}
+    result: dict[str, object] = {"tool_call_id": call_id}
     if tool_name:
         result["name"] = tool_name
     return result
@@ -243,11 +253,11 @@ def _images(images: list[Any], where: str) -> list[str]:
     return images
 
 
-def _content(text: str, images: list[str]) -> str | list[dict[str, Any]]:
+def _content(text: str, images: list[str]) -> str | list[dict[str, object]]:
     """A plain string, or OpenAI content parts when there are images to carry."""
     if not images:
         return text
-    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    parts: list[dict[str, object]] = [{"type": "text", "text": text}] if text else []
     parts.extend({"type": "image_url", "image_url": {"url": _data_uri(img)}} for img in images)
     return parts
 

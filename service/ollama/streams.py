@@ -59,9 +59,9 @@ class ChatStream:
         self._timings: Mapping[str, Any] | None = None
         self._finish_reason: object = None
         # Tool calls being assembled, by their index in the stream.
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, dict[str, object]] = {}
 
-    def event(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def event(self, data: Mapping[str, Any]) -> list[dict[str, object]]:
         """The NDJSON lines (none, one or two) that one OpenAI chunk turns into."""
         error = data.get("error")
         if error is not None:
@@ -75,7 +75,7 @@ class ChatStream:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             return []
         choice = choices[0]
-        lines: list[dict[str, Any]] = []
+        lines: list[dict[str, object]] = []
         delta = choice.get("delta")
         if isinstance(delta, Mapping):
             text, thinking = delta.get("content"), thinking_of(delta)
@@ -93,7 +93,7 @@ class ChatStream:
                 lines.append(self._line("", None, calls))
         return lines
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> dict[str, object]:
         """The last line: ``done: true`` with the reason, the counts and the durations."""
         end_ns = self._clock_ns()
         timing = Timing(
@@ -113,16 +113,16 @@ class ChatStream:
         self,
         text: str,
         thinking: str | None,
-        calls: list[dict[str, Any]] | None = None,
+        calls: list[dict[str, object]] | None = None,
         *,
         at_ns: int | None = None,
-    ) -> dict[str, Any]:
-        line: dict[str, Any] = {
+    ) -> dict[str, object]:
+        line: dict[str, object] = {
             "model": self.model,
             "created_at": rfc3339(self._clock_ns() if at_ns is None else at_ns),
         }
         if self.mode == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, object] = {"role": "assistant", "content": text}
             if thinking:
                 message["thinking"] = thinking
             if calls:
@@ -156,7 +156,7 @@ class ChatStream:
                 if isinstance(function.get("arguments"), str):
                     call["arguments"] += function["arguments"]
 
-    def _take_calls(self) -> list[dict[str, Any]]:
+    def _take_calls(self) -> list[dict[str, object]]:
         calls = [
             {"function": {"name": c["name"], "arguments": c["arguments"]}}
             for _, c in sorted(self._calls.items())
