@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from email.parser import HeaderParser
-from typing import Any
 
 from service.demo_runtime.replies import ApiError
 
@@ -18,12 +17,12 @@ def _header_param(header: str, value: str, param: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def parse_multipart(body: bytes, content_type: str) -> dict[str, Any]:
+def parse_multipart(body: bytes, content_type: str) -> dict[str, object]:
     """Fields of a multipart/form-data body: files as bytes, other fields as text."""
     boundary = _header_param("content-type", content_type, "boundary")
     if not boundary:
         raise ApiError(400, "multipart body without a boundary")
-    form: dict[str, Any] = {}
+    form: dict[str, object] = {}
     for part in body.split(b"--" + boundary.encode())[1:]:
         if part.startswith(b"--"):
             break  # the closing delimiter
@@ -39,7 +38,7 @@ def parse_multipart(body: bytes, content_type: str) -> dict[str, Any]:
     return form
 
 
-def parse_payload(body: bytes, content_type: str) -> dict[str, Any]:
+def parse_payload(body: bytes, content_type: str) -> dict[str, object]:
     if content_type.lower().startswith("multipart/form-data"):
         return parse_multipart(body, content_type)
     try:

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from service.demo_runtime.log import log
 from service.demo_runtime.options import Options
@@ -93,7 +93,7 @@ class GpuMemory:
             return exc.torch_message()
         return None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What ``GET /debug/gpu`` answers: where this runtime's memory landed."""
         held = self._process.held()
         devices = [

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
 
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError, Reply, json_reply
 from service.demo_runtime.text import content_words, model_name, reply_pieces, require
 
 
-def create(payload: dict[str, Any], opts: Options) -> Reply:
+def create(payload: dict[str, object], opts: Options) -> Reply:
     """Answered as Anthropic's API answers (llama.cpp's server speaks it too): one text block
     holding the demo text, ``stop_reason`` ``end_turn``, or ``max_tokens`` when
     ``max_tokens`` is below the reply's words (the text is then cut to that many words).
@@ -42,14 +42,15 @@ def create(payload: dict[str, Any], opts: Options) -> Reply:
     }
     if payload.get("stream") is not True:
         return json_reply(message)
-    return Reply(events=_events(message, pieces), named_events=True)
+    usage = {"input_tokens": prompt, "output_tokens": len(pieces)}
+    return Reply(events=_events(message, pieces, usage, stop_reason), named_events=True)
 
 
-def count_tokens(payload: dict[str, Any], opts: Options) -> Reply:
+def count_tokens(payload: dict[str, object], opts: Options) -> Reply:
     return json_reply({"input_tokens": prompt_words(payload)})
 
 
-def prompt_words(payload: dict[str, Any]) -> int:
+def prompt_words(payload: dict[str, object]) -> int:
     """Words of ``system`` and ``messages``, checking their shapes as Anthropic does."""
     messages = require(payload, "messages", list)
     for message in messages:
@@ -61,8 +62,9 @@ def prompt_words(payload: dict[str, Any]) -> int:
     return content_words(system) + content_words(messages)
 
 
-def _events(message: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
-    usage = message["usage"]
+def _events(
+    message: Mapping[str, object], pieces: list[str], usage: Mapping[str, int], stop_reason: str
+) -> list[dict[str, object]]:
     # The opening message carries no content and the usage known so far, as Anthropic's does.
     start = {**message, "content": [], "stop_reason": None}
     start["usage"] = {"input_tokens": usage["input_tokens"], "output_tokens": 1}
@@ -77,7 +79,7 @@ def _events(message: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
         {"type": "content_block_stop", "index": 0},
         {
             "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
             "usage": {"output_tokens": usage["output_tokens"]},
         },
         {"type": "message_stop"},

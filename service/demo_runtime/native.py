@@ -15,8 +15,8 @@ from service.demo_runtime.text import require, token_id
 BOS_TOKEN = 1
 
 
-def _slot(index: int, opts: Options, busy: bool = False, held: int = 0) -> dict[str, Any]:
-    slot: dict[str, Any] = {
+def _slot(index: int, opts: Options, busy: bool = False, held: int = 0) -> dict[str, object]:
+    slot: dict[str, object] = {
         "id": index,
         "id_task": -1,
         "n_ctx": CONTEXT_TOKENS // opts.parallel,  # llama.cpp splits its context across slots
@@ -65,7 +65,7 @@ def props(runtime: Runtime) -> Reply:
     )
 
 
-def tokenize(payload: dict[str, Any], opts: Options) -> Reply:
+def tokenize(payload: dict[str, object], opts: Options) -> Reply:
     """One token per word, as llama.cpp answers: ids, or ``{id, piece}`` with ``with_pieces``."""
     words = require(payload, "content", str).split()
     pieces = [word if index == 0 else " " + word for index, word in enumerate(words)]
@@ -77,7 +77,7 @@ def tokenize(payload: dict[str, Any], opts: Options) -> Reply:
     return json_reply({"tokens": tokens})
 
 
-def rerank(payload: dict[str, Any], opts: Options) -> Reply:
+def rerank(payload: dict[str, object], opts: Options) -> Reply:
     """text-embeddings-inference's rerank: a list of ``{index, score}``, best first."""
     query = require(payload, "query", str)
     texts = require(payload, "texts", list)
@@ -91,7 +91,7 @@ def rerank(payload: dict[str, Any], opts: Options) -> Reply:
     return json_reply(results)
 
 
-def inference(payload: dict[str, Any], opts: Options) -> Reply:
+def inference(payload: dict[str, object], opts: Options) -> Reply:
     """whisper.cpp's server: json (the default), text or verbose_json, as it answers them."""
     audio = require(payload, "file", bytes)
     text = transcript(audio)

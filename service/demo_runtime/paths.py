@@ -10,13 +10,12 @@ that reaches the runtime at all proves which path vramd's route map chose.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from service.demo_runtime import messages, native, responses, routes
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import Reply
 
-Route = Callable[[dict[str, Any], Options], Reply]
+Route = Callable[[dict[str, object], Options], Reply]
 
 ROUTES: dict[str, Route] = {
     "/v1/chat/completions": routes.chat_completions,

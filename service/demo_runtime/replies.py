@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 # Anthropic's error types by HTTP status (its docs' table); other 4xx are request errors,
 # other 5xx its generic api_error.
@@ -33,7 +32,7 @@ class Reply:
     status: int = 200
     body: bytes = b""
     content_type: str = "application/json"
-    events: list[dict[str, Any]] | None = None  # set for an SSE stream, sent one by one
+    events: list[dict[str, object]] | None = None  # set for an SSE stream, sent one by one
     # Responses and Messages streams name each event (``event: <type>``) and end without
     # chat's ``data: [DONE]``.
     named_events: bool = False

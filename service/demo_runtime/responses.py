@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from service.demo_runtime.options import Options
 from service.demo_runtime.replies import ApiError, Reply, json_reply
 from service.demo_runtime.text import content_words, model_name, reply_pieces
 
 
-def create(payload: dict[str, Any], opts: Options) -> Reply:
+def create(payload: dict[str, object], opts: Options) -> Reply:
     """The reply is one assistant message with one ``output_text`` part holding the demo text.
     Streamed (``"stream": true``), it is OpenAI's event sequence, each event named by its
     ``type`` and numbered by ``sequence_number`` from 0::
@@ -34,14 +33,15 @@ def create(payload: dict[str, Any], opts: Options) -> Reply:
     item_id = "msg_" + os.urandom(12).hex()
     response = _response(payload, opts)
     usage = _usage(content_words(prompt) + content_words(instructions), len(pieces))
-    done = {**response, "status": "completed", "output": [_message(item_id, text)]}
+    output = _message(item_id, text)
+    done = {**response, "status": "completed", "output": [output]}
     done |= {"completed_at": int(time.time()), "usage": usage}
     if payload.get("stream") is not True:
         return json_reply(done)
-    return Reply(events=_events(response, done, item_id, pieces), named_events=True)
+    return Reply(events=_events(response, done, output, item_id, pieces), named_events=True)
 
 
-def _response(payload: dict[str, Any], opts: Options) -> dict[str, Any]:
+def _response(payload: dict[str, object], opts: Options) -> dict[str, object]:
     """The response object as first announced: in progress, no output yet."""
     return {
         "id": "resp_" + os.urandom(12).hex(),
@@ -72,11 +72,11 @@ def _response(payload: dict[str, Any], opts: Options) -> dict[str, Any]:
     }
 
 
-def _part(text: str) -> dict[str, Any]:
+def _part(text: str) -> dict[str, object]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _message(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def _message(item_id: str, text: str, status: str = "completed") -> dict[str, object]:
     content = [_part(text)] if status == "completed" else []
     return {
         "id": item_id,
@@ -87,7 +87,7 @@ def _message(item_id: str, text: str, status: str = "completed") -> dict[str, An
     }
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int) -> dict[str, object]:
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -98,11 +98,15 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 
 
 def _events(
-    response: dict[str, Any], done: dict[str, Any], item_id: str, pieces: list[str]
-) -> list[dict[str, Any]]:
+    response: dict[str, object],
+    done: dict[str, object],
+    output: dict[str, object],
+    item_id: str,
+    pieces: list[str],
+) -> list[dict[str, object]]:
     text = "".join(pieces)
     at = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    events: list[dict[str, Any]] = [
+    events: list[dict[str, object]] = [
         {"type": "response.created", "response": response},
         {"type": "response.in_progress", "response": response},
         {
@@ -114,7 +118,7 @@ def _events(
         *({"type": "response.output_text.delta", **at, "delta": p, "logprobs": []} for p in pieces),
         {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **at, "part": _part(text)},
-        {"type": "response.output_item.done", "output_index": 0, "item": done["output"][0]},
+        {"type": "response.output_item.done", "output_index": 0, "item": output},
         {"type": "response.completed", "response": done},
     ]
     return [{**event, "sequence_number": number} for number, event in enumerate(events)]

@@ -16,7 +16,7 @@ import math
 import os
 import struct
 import time
-from typing import Any
+from collections.abc import Mapping
 
 from service.demo_runtime.media import tiny_png, tiny_wav
 from service.demo_runtime.options import Options
@@ -34,17 +34,17 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
-def chat_completions(payload: dict[str, Any], opts: Options) -> Reply:
+def chat_completions(payload: dict[str, object], opts: Options) -> Reply:
     prompt = count_words(require(payload, "messages", list))
     return _generation(payload, opts, prompt, chat=True)
 
 
-def completions(payload: dict[str, Any], opts: Options) -> Reply:
+def completions(payload: dict[str, object], opts: Options) -> Reply:
     prompt = count_words(require(payload, "prompt", (str, list)))
     return _generation(payload, opts, prompt, chat=False)
 
 
-def _generation(payload: dict[str, Any], opts: Options, prompt: int, *, chat: bool) -> Reply:
+def _generation(payload: dict[str, object], opts: Options, prompt: int, *, chat: bool) -> Reply:
     pieces = reply_pieces(opts.chunks)
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + os.urandom(6).hex(),
@@ -60,7 +60,7 @@ def _generation(payload: dict[str, Any], opts: Options, prompt: int, *, chat: bo
     return json_reply({**head, "choices": [choice], "usage": _usage(prompt, len(pieces))})
 
 
-def _chat_events(head: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+def _chat_events(head: Mapping[str, object], pieces: list[str]) -> list[dict[str, object]]:
     """``chat.completion.chunk`` events: the role with the first piece, then an empty stop."""
     head = {**head, "object": "chat.completion.chunk"}
     first = {"role": "assistant", "content": pieces[0]}
@@ -74,7 +74,7 @@ def _chat_events(head: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]
     ]
 
 
-def _text_events(head: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+def _text_events(head: Mapping[str, object], pieces: list[str]) -> list[dict[str, object]]:
     """``text_completion`` events, one per piece, then an empty one that says stop."""
     finishes = [None] * len(pieces) + ["stop"]
     return [
@@ -94,7 +94,7 @@ def embed(text: str) -> list[float]:
     return [v / norm for v in raw]
 
 
-def embeddings(payload: dict[str, Any], opts: Options) -> Reply:
+def embeddings(payload: dict[str, object], opts: Options) -> Reply:
     value = payload.get("input")
     if isinstance(value, str):
         texts = [value]
@@ -120,10 +120,13 @@ def embeddings(payload: dict[str, Any], opts: Options) -> Reply:
     )
 
 
-def images(payload: dict[str, Any], opts: Options) -> Reply:
+def images(payload: dict[str, object], opts: Options) -> Reply:
     require(payload, "prompt", str)
     try:
-        count = max(int(payload.get("n", 1)), 1)  # a string when it came in a multipart form
+        n = payload.get("n", 1)  # a string when it came in a multipart form
+        if not isinstance(n, int | str):
+            raise ValueError(n)
+        count = max(int(n), 1)
     except (TypeError, ValueError):
         raise ApiError(400, "'n' must be a whole number") from None
     png = base64.b64encode(tiny_png()).decode()
@@ -133,13 +136,13 @@ def images(payload: dict[str, Any], opts: Options) -> Reply:
     return json_reply({"created": int(time.time()), "data": [image] * count})
 
 
-def image_edits(payload: dict[str, Any], opts: Options) -> Reply:
+def image_edits(payload: dict[str, object], opts: Options) -> Reply:
     if not any(isinstance(v, bytes) for k, v in payload.items() if k.startswith("image")):
         raise ApiError(400, "'image' is required and must be a file")
     return images(payload, opts)
 
 
-def transcriptions(payload: dict[str, Any], opts: Options) -> Reply:
+def transcriptions(payload: dict[str, object], opts: Options) -> Reply:
     text = transcript(require(payload, "file", bytes))
     if payload.get("response_format") in ("text", "srt", "vtt"):
         return Reply(body=text.encode(), content_type="text/plain; charset=utf-8")
@@ -151,12 +154,12 @@ def transcript(audio: bytes) -> str:
     return f"demo transcript of {len(audio)} bytes"
 
 
-def speech(payload: dict[str, Any], opts: Options) -> Reply:
+def speech(payload: dict[str, object], opts: Options) -> Reply:
     require(payload, "input", str)
     return Reply(body=tiny_wav(), content_type="audio/wav")
 
 
-def rerank(payload: dict[str, Any], opts: Options) -> Reply:
+def rerank(payload: dict[str, object], opts: Options) -> Reply:
     query = require(payload, "query", str)
     documents = require(payload, "documents", list)
     texts = [d.get("text", "") if isinstance(d, dict) else str(d) for d in documents]

@@ -174,7 +174,7 @@ class Handler(BaseHTTPRequestHandler):
         self._check_loaded()
         self._send(slot_actions.handle(self.runtime, self.path, body))
 
-    def _infer(self, path: str, route: Route, payload: dict[str, Any]) -> None:
+    def _infer(self, path: str, route: Route, payload: dict[str, object]) -> None:
         runtime, opts = self.runtime, self.runtime.opts
         tokens = prompt_tokens(path, payload)
         number = runtime.begin(len(tokens))

@@ -6,7 +6,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from service.demo_runtime.replies import Reply
 
@@ -149,7 +149,7 @@ class SlotCache:
 
 def timings(
     cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """llama-server's ``timings`` object (server_slot_stats::to_json), field for field."""
     return {
         "cache_n": cache_n,
@@ -164,7 +164,7 @@ def timings(
     }
 
 
-def with_timings(reply: Reply, stats: dict[str, Any]) -> Reply:
+def with_timings(reply: Reply, stats: dict[str, object]) -> Reply:
     """The answer with ``timings`` added: to its JSON body, or to a stream's last event."""
     if reply.status != 200:
         return reply

@@ -67,7 +67,7 @@ def prompt_words(value: object) -> list[str]:
     return []
 
 
-def prompt_tokens(path: str, payload: dict[str, Any]) -> list[int]:
+def prompt_tokens(path: str, payload: dict[str, object]) -> list[int]:
     """The prompt of a request to ``path`` as token ids, as a slot caches it."""
     field = PROMPT_FIELDS.get(path)
     return [
@@ -86,13 +86,13 @@ def content_words(value: object) -> int:
     return 0
 
 
-def model_name(payload: dict[str, Any], opts: Options) -> str:
+def model_name(payload: dict[str, object], opts: Options) -> str:
     """The model the request names, or the first one served, as llama.cpp answers."""
     model = payload.get("model")
     return model if isinstance(model, str) and model else opts.models[0]
 
 
-def require(payload: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+def require(payload: dict[str, object], key: str, kind: type | tuple[type, ...]) -> Any:
     value = payload.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
         raise ApiError(400, f"'{key}' is required and must be a {_kind_name(kind)}")
