@@ -158,6 +158,10 @@ class InsufficientScope(RequestRejected):
     code = ErrorCode.INSUFFICIENT_SCOPE
 
 
+class UnsupportedMediaType(RequestRejected):
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
+
+
 class QueueFull(RequestRejected):
     code = ErrorCode.QUEUE_FULL
 

@@ -346,7 +346,7 @@ async def events_stream(request: Request, orchestrator: OrchestratorDep) -> Stre
                 except TimeoutError:
                     yield b": keep-alive\n\n"
                     continue
-                yield f"id: {event['id']}\ndata: {json.dumps(event)}\n\n".encode()
+                yield f"id: {event.id}\ndata: {json.dumps(event.model_dump())}\n\n".encode()
         finally:
             orchestrator.events.unsubscribe(queue)
 

@@ -17,7 +17,7 @@ from service import __version__
 from service.api.auth import Caller, install_auth, require_api_key
 from service.api.deps import get_orchestrator
 from service.api.errors import error_response, install_error_handlers
-from service.api.openai import get_leases, get_proxy_config, read_body, request_shape
+from service.api.openai import get_leases, get_proxy_config, read_body
 from service.errors import ErrorCode, InvalidRequest, ModelNotFound
 from service.live.leases import LeaseProvider, Outcome, Routed
 from service.ollama import (
@@ -36,6 +36,7 @@ from service.ollama import (
     version,
 )
 from service.ollama.relay import Endpoint, OllamaAnswer
+from service.proxy.body import request_shape
 from service.proxy.dialects import OLLAMA, Dialect
 from service.proxy.forward import ProxyResponse
 from service.proxy.request import ClientRequest, new_request_id
@@ -263,7 +264,7 @@ def _served_name(leases: LeaseProvider, asked: str, routed: Routed) -> str:
     bare = asked.removesuffix(":latest")
     if bare != asked:
         for entry in leases.models():
-            if entry["id"] == bare and entry["service"] == routed.service:
+            if entry.id == bare and entry.service == routed.service:
                 return bare
     return asked
 

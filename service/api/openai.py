@@ -8,24 +8,23 @@ orchestrator which service serves that model on this route and hands the rest to
 
 from __future__ import annotations
 
-import json
-import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from service.adapters.base import NativeRoute
 from service.api.auth import Caller, require_api_key
 from service.api.deps import get_orchestrator
+from service.contract import ModelEntry, ModelList
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound
-from service.live.leases import LeaseProvider
+from service.live.leases import LeaseProvider, ServedModel
 from service.policy.routes import CLIENT_ROUTES, ROUTE_ALIASES, ROUTES_BY_KIND
+from service.proxy.body import find_model, reshaped, with_params
 from service.proxy.dialects import dialect_for
 from service.proxy.forward import ProxyResponse
 from service.proxy.request import ClientRequest, ProxyConfig, forwarded_headers
@@ -68,23 +67,25 @@ models_router = APIRouter()
 
 
 @models_router.get("/models")
-async def list_models(leases: LeasesDep, caller: CallerDep) -> dict[str, Any]:
+async def list_models(leases: LeasesDep, caller: CallerDep) -> ModelList:
     """Every model name this client may send, with the state of the service behind it."""
-    entries = [entry for entry in leases.models() if caller.may_use(entry["id"])]
-    return {"object": "list", "data": [_model_entry(entry) for entry in entries]}
+    entries = [entry for entry in leases.models() if caller.may_use(entry.id)]
+    return ModelList(data=[_model_entry(entry) for entry in entries])
 
 
 @models_router.get("/models/{model:path}")  # names such as "org/model" hold slashes
-async def get_model(model: str, leases: LeasesDep, caller: CallerDep) -> dict[str, Any]:
+async def get_model(model: str, leases: LeasesDep, caller: CallerDep) -> ModelEntry:
     caller.check(model)
     for entry in leases.models():
-        if entry["id"] == model:
+        if entry.id == model:
             return _model_entry(entry)
     raise ModelNotFound(f"model {model!r} is not served here")
 
 
-def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"object": "model", "created": STARTED, **entry, "owned_by": "vramd"}
+def _model_entry(entry: ServedModel) -> ModelEntry:
+    return ModelEntry(
+        created=STARTED, id=entry.id, service=entry.service, kind=entry.kind, state=entry.state
+    )
 
 
 def _proxy_route(route: str) -> Callable[..., Awaitable[Response]]:
@@ -180,164 +181,3 @@ async def read_body(request: Request, limit: int, setting: str) -> bytes:
 
 def _too_large(limit: int, setting: str) -> HTTPException:
     return HTTPException(413, f"request body larger than {format_size(limit)} ({setting})")
-
-
-ModelRewrite = Callable[[str], bytes]
-
-
-def find_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite, dict[str, Any]]:
-    """The model a request names, a function giving its body with another model, and
-    the request's shape (size, max_tokens, prompt length, image size) for incidents."""
-    media = content_type.partition(";")[0].strip().lower()
-    if media == "multipart/form-data":
-        model, rewrite = _form_model(body, content_type)
-        return model, rewrite, {"body_bytes": len(body), "multipart": True}
-    if media in ("", "application/json") or media.endswith("+json"):
-        return _json_model(body)
-    raise HTTPException(
-        415,
-        f"unsupported content type {media!r}: send application/json, "
-        "or multipart/form-data for file uploads",
-    )
-
-
-def _json_model(body: bytes) -> tuple[str, ModelRewrite, dict[str, Any]]:
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidRequest(f"malformed JSON body: {exc}") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a non-empty string")
-
-    def with_model(name: str) -> bytes:
-        # ASCII output: a lone surrogate escaped in the client's JSON cannot become UTF-8.
-        return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
-
-    return model, with_model, request_shape(payload, len(body))
-
-
-def with_params(body: bytes, params: Mapping[str, Any]) -> tuple[bytes, ModelRewrite]:
-    """A JSON body with a service's ``set_params`` fields set over the client's.
-
-    The client's bytes are forwarded as they came. A body is re-encoded only when the
-    service sets ``upstream_model`` or ``set_params`` for the model, or its runtime has an
-    API of its own for the route (piper's ``/synthesize``, reshaped by its adapter): JSON is
-    then dumped again with the new model and fields, and a multipart body gets the model
-    field's value replaced in place (files are never parsed or copied twice; a find over the
-    already-read body locates the field; ``set_params`` applies to JSON bodies only).
-    """
-    payload = {**json.loads(body), **params}
-
-    def with_model(name: str) -> bytes:
-        return json.dumps({**payload, "model": name}, separators=(",", ":")).encode()
-
-    return json.dumps(payload, separators=(",", ":")).encode(), with_model
-
-
-def reshaped(body: bytes, native: NativeRoute, service: str) -> tuple[bytes, ModelRewrite]:
-    """A JSON body in the shape the service's runtime wants (piper's own API); 400 naming
-    what that runtime cannot do. Its shape has no model field to rewrite."""
-    try:
-        runtime_body = json.dumps(native.request(json.loads(body)), separators=(",", ":")).encode()
-    except ValueError as exc:
-        raise InvalidRequest(f"service {service!r}: {exc}") from None
-    return runtime_body, lambda _model: runtime_body
-
-
-def request_shape(payload: dict[str, Any], body_bytes: int) -> dict[str, Any]:
-    """What an operator needs to know of a request that preceded an out-of-memory."""
-    shape: dict[str, Any] = {"body_bytes": body_bytes}
-    for key in ("max_tokens", "max_completion_tokens", "n", "size", "stream", "user"):
-        value = payload.get(key)
-        if isinstance(value, int | str | bool):
-            shape[key] = value
-    prompt = payload.get("messages") or payload.get("prompt") or payload.get("input")
-    if prompt is not None:
-        shape["prompt_chars"] = text_chars(prompt)
-    return shape
-
-
-def text_chars(value: object, depth: int = 0) -> int:
-    """Characters of text in a prompt (strings in nested lists and objects).
-
-    Counted rather than re-encoded: this runs on every request, and serialising the
-    whole prompt again cost more than the rest of reading the request."""
-    if isinstance(value, str):
-        return len(value)
-    if depth > 8:  # a prompt is a few levels deep; deeper structure is not text
-        return 0
-    if isinstance(value, list):
-        return sum(text_chars(item, depth + 1) for item in value)
-    if isinstance(value, dict):
-        return sum(text_chars(item, depth + 1) for item in value.values())
-    return 0
-
-
-_BOUNDARY = re.compile(r';\s*boundary\s*=\s*(?:"([^"]+)"|([^\s;]+))', re.IGNORECASE)
-_FIELD_NAME = re.compile(rb';\s*name\s*=\s*(?:"([^"]*)"|([^\s;]*))', re.IGNORECASE)
-
-
-def _form_model(body: bytes, content_type: str) -> tuple[str, ModelRewrite]:
-    found = _BOUNDARY.search(content_type)
-    if found is None:
-        raise InvalidRequest("multipart/form-data without a boundary")
-    boundary = (found.group(1) or found.group(2)).encode("latin-1")
-    span = form_field(body, boundary, b"model")
-    if span is None:
-        raise InvalidRequest("the multipart form field 'model' is required")
-    start, end = span
-    try:
-        model = body[start:end].decode()
-    except UnicodeDecodeError:
-        raise InvalidRequest("the multipart form field 'model' is not UTF-8 text") from None
-    if not model:
-        raise InvalidRequest("the multipart form field 'model' must not be empty")
-
-    def with_model(name: str) -> bytes:
-        return b"".join((body[:start], name.encode(), body[end:]))
-
-    return model, with_model
-
-
-def form_field(body: bytes, boundary: bytes, name: bytes) -> tuple[int, int] | None:
-    """Where the value of form field ``name`` lies in a multipart body (RFC 7578).
-
-    Only part headers are looked at; each part's content is skipped with one ``find``
-    for the next delimiter, so a large file costs a scan, not a copy.
-    """
-    delimiter = b"--" + boundary
-    separator = b"\r\n" + delimiter
-    if body.startswith(delimiter):
-        pos = 0
-    else:  # a preamble before the first delimiter
-        pos = body.find(separator)
-        if pos < 0:
-            raise InvalidRequest("malformed multipart body: no boundary delimiter")
-        pos += 2
-    while True:
-        pos += len(delimiter)
-        if body.startswith(b"--", pos):
-            return None  # the closing delimiter
-        line_end = body.find(b"\r\n", pos)
-        head_end = body.find(b"\r\n\r\n", line_end) if line_end >= 0 else -1
-        if head_end < 0:
-            raise InvalidRequest("malformed multipart body: a part without headers")
-        start = head_end + 4
-        end = body.find(separator, start)
-        if end < 0:
-            raise InvalidRequest("malformed multipart body: a part is not closed")
-        if _part_name(body[line_end + 2 : head_end]) == name:
-            return start, end
-        pos = end + 2
-
-
-def _part_name(head: bytes) -> bytes | None:
-    for line in head.split(b"\r\n"):
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == b"content-disposition":
-            found = _FIELD_NAME.search(value)
-            return None if found is None else (found.group(1) or found.group(2))
-    return None

@@ -61,7 +61,7 @@ async def upstream(service: str, path: str, request: Request) -> Response:
     leases = await get_leases(request)
     config = await get_proxy_config(request)
     name = leases.service_named(service)
-    caller.check_service(name, [e["id"] for e in leases.models() if e["service"] == name])
+    caller.check_service(name, [e.id for e in leases.models() if e.service == name])
     caller = caller.named(request.headers.get("x-vramd-client"))
     body = await read_body(request, config.max_upload_body, "server.max_upload_body")
     runtime_path = _runtime_path(request, service, path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -110,6 +110,23 @@ class UsageRow(BaseModel):
 class UsageAnswer(BaseModel):
     since: float
     usage: list[UsageRow]
+
+
+class ModelEntry(BaseModel):
+    """One model name in ``GET /v1/models``: OpenAI's fields, and vramd's own."""
+
+    object: Literal["model"] = "model"
+    created: int
+    id: str
+    service: str
+    kind: str
+    state: str
+    owned_by: Literal["vramd"] = "vramd"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelEntry]
 
 
 class LogLine(BaseModel):

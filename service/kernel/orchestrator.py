@@ -43,7 +43,7 @@ from service.kernel.takeover import take_over_previous_daemon
 from service.kernel.tickets import Tickets, raise_for
 from service.kernel.tuning import AutoTuning
 from service.live.events import EventLog
-from service.live.leases import Lease, Outcome, Routed, Waiters
+from service.live.leases import Lease, Outcome, Routed, ServedModel, Waiters
 from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.live.usage import Accounts, AnswerUsage, Usage
 from service.maintenance.windows import Windows
@@ -390,14 +390,11 @@ class Orchestrator:
             if quoted:
                 self.doctor.runtime_oom(rt, quoted, source="response")
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[ServedModel]:
         out = []
         for name, spec in self.policy.services.items():
             state = self.runtimes[name].instance.state.value
-            out += [
-                {"id": model, "service": name, "kind": spec.kind.value, "state": state}
-                for model in spec.models
-            ]
+            out += [ServedModel(model, name, spec.kind.value, state) for model in spec.models]
         return out
 
     # --------------------------------------------------------------- for operators

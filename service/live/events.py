@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Mapping
 
 from service.clock import Clock
+from service.contract import EventRecord
 from service.domain import EventKind
 from service.store import StoreWriter, queries
 
@@ -28,7 +29,7 @@ class EventLog:
     def __init__(self, writer: StoreWriter, clock: Clock) -> None:
         self._writer = writer
         self._clock = clock
-        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._subscribers: set[asyncio.Queue[EventRecord]] = set()
 
     def record(
         self,
@@ -37,9 +38,9 @@ class EventLog:
         *,
         service: str | None = None,
         instance_id: int | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Persist one event and hand it to every subscriber; returns it as a dict."""
+        data: Mapping[str, object] | None = None,
+    ) -> EventRecord:
+        """Persist one event and hand it to every subscriber; returns it."""
         event = self._persist(kind, message, service=service, instance_id=instance_id, data=data)
         log.info("%s%s: %s", f"[{service}] " if service else "", kind, message)
         for queue in list(self._subscribers):
@@ -48,14 +49,15 @@ class EventLog:
             queue.put_nowait(event)
         return event
 
-    def persist(self, kind: EventKind, message: str, *, data: dict[str, Any] | None = None) -> int:
+    def persist(
+        self, kind: EventKind, message: str, *, data: Mapping[str, object] | None = None
+    ) -> int:
         """Only store an event (no log line, no subscribers); safe from any thread.
 
         For the watchdog's thread, which records a stall while the loop is blocked.
         Returns the event's id.
         """
-        event_id: int = self._persist(kind, message, data=data)["id"]
-        return event_id
+        return self._persist(kind, message, data=data).id
 
     def _persist(
         self,
@@ -64,10 +66,10 @@ class EventLog:
         *,
         service: str | None = None,
         instance_id: int | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        data: Mapping[str, object] | None = None,
+    ) -> EventRecord:
         ts = self._clock.now()
-        data = data or {}
+        stored = dict(data or {})
         event_id = self._writer.put_row(
             "events",
             lambda session, row_id: queries.record_event(
@@ -78,23 +80,23 @@ class EventLog:
                 message=message,
                 service=service,
                 instance_id=instance_id,
-                data=data,
+                data=stored,
             ),
         )
-        return {
-            "id": event_id,
-            "ts": ts,
-            "kind": kind,
-            "service": service,
-            "instance_id": instance_id,
-            "message": message,
-            "data": data,
-        }
+        return EventRecord(
+            id=event_id,
+            ts=ts,
+            kind=kind,
+            service=service,
+            instance_id=instance_id,
+            message=message,
+            data=stored,
+        )
 
-    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
+    def subscribe(self) -> asyncio.Queue[EventRecord]:
+        queue: asyncio.Queue[EventRecord] = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
         self._subscribers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[EventRecord]) -> None:
         self._subscribers.discard(queue)

@@ -44,6 +44,16 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model name and the service that serves it (``GET /v1/models``)."""
+
+    id: str
+    service: str
+    kind: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
 class Routed:
     """Where a client's request goes: the service, and the path its runtime answers at."""
 
@@ -125,8 +135,8 @@ class LeaseProvider(Protocol):
         """
         ...
 
-    def models(self) -> list[dict[str, Any]]:
-        """Every model name: ``[{"id", "service", "kind", "state"}, ...]``."""
+    def models(self) -> list[ServedModel]:
+        """Every model name the policy serves, with its service's kind and state."""
         ...
 
 
@@ -183,4 +193,4 @@ class Waiters:
             self.refuse(request_id, HandedOver("a new vramd serves", retry_after=0))
 
 
-__all__ = ["Lease", "LeaseProvider", "Outcome", "Waiter", "Waiters"]
+__all__ = ["Lease", "LeaseProvider", "Outcome", "ServedModel", "Waiter", "Waiters"]

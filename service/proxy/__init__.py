@@ -2,6 +2,7 @@
 
 forward.py   ProxyResponse: lease, send (again if never sent), relay the answer
 request.py   ClientRequest, ProxyConfig, Translator: what a router hands the proxy
+body.py      find_model, with_params, request_shape: what a client's body says, rewritten
 watchers.py  around one exchange: client hang-up, runtime silence, delayed ACKs
 dialects.py  the client's API dialect (OpenAI, Responses, Anthropic, Ollama): errors
 message_start.py  MessageStart: the opening event an Anthropic stream lacked, put back

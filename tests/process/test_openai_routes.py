@@ -33,7 +33,7 @@ from service.api.errors import install_error_handlers
 from service.demo_runtime import tiny_wav
 from service.domain import ServiceKind
 from service.errors import InvalidRequest, ModelNotFound, ServiceNotFound
-from service.live.leases import Lease, Routed
+from service.live.leases import Lease, Routed, ServedModel
 from service.policy.routes import ROUTES_BY_KIND
 from service.proxy.request import ProxyConfig
 
@@ -109,9 +109,9 @@ class StubLeases:
     ) -> None:
         self.released.append(Released(lease.service, outcome, error))
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[ServedModel]:
         return [
-            {"id": svc.model, "service": name, "kind": str(svc.kind), "state": "ready"}
+            ServedModel(svc.model, name, str(svc.kind), "ready")
             for name, svc in self.services.items()
         ]
 
@@ -344,7 +344,7 @@ def test_a_hung_runtime_times_out(client: openai.OpenAI, setup: Setup) -> None:
 
 
 def test_a_prompts_length_counts_the_text_in_messages_and_content_parts() -> None:
-    from service.api.openai import request_shape
+    from service.proxy.body import request_shape
 
     payload = {
         "model": "m",

@@ -33,9 +33,10 @@ from service.errors import (
     RequestRejected,
     ServiceNotFound,
 )
-from service.live.leases import Lease, Routed
+from service.live.leases import Lease, Routed, ServedModel
 from service.policy.routes import ROUTES_BY_KIND
 from service.proxy import forward
+from service.proxy.body import form_field
 from service.proxy.forward import UpstreamBroken, events_end
 from service.proxy.request import ProxyConfig
 
@@ -135,9 +136,9 @@ class FakeLeases:
     ) -> None:
         self.released.append(Release(lease.request_id, outcome, error, usage))
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[ServedModel]:
         return [
-            {"id": model, "service": name, "kind": str(svc.kind), "state": "ready"}
+            ServedModel(model, name, str(svc.kind), "ready")
             for name, svc in SERVICES.items()
             for model in svc.models
         ]
@@ -754,9 +755,9 @@ async def test_malformed_forms_are_400(
 
 def test_form_field_skips_parts_without_headers_and_other_names() -> None:
     body = b'--B\r\n\r\nanonymous\r\n--B\r\nContent-Disposition: form-data; filename="m"; name="model"\r\n\r\nm1\r\n--B--'  # noqa: E501
-    start, end = openai.form_field(body, b"B", b"model") or (0, 0)
+    start, end = form_field(body, b"B", b"model") or (0, 0)
     assert body[start:end] == b"m1"
-    assert openai.form_field(b"--B\r\n\r\nx\r\n--B--", b"B", b"model") is None
+    assert form_field(b"--B\r\n\r\nx\r\n--B--", b"B", b"model") is None
 
 
 # --- cancellation ---------------------------------------------------------------------------

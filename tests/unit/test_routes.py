@@ -262,8 +262,8 @@ def test_a_failed_stream_ends_with_each_apis_error_event() -> None:
 
 def test_a_request_piper_cannot_speak_is_a_400_naming_the_service_and_the_field() -> None:
     from service.adapters import PIPER
-    from service.api.openai import reshaped
     from service.errors import InvalidRequest
+    from service.proxy.body import reshaped
 
     speech = PIPER.native_routes["/v1/audio/speech"]
     body, with_model = reshaped(b'{"model":"m","input":"Hi","speed":2}', speech, "tts")
