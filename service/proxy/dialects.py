@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -35,7 +34,7 @@ class Problem:
     code: ErrorCode
     message: str
     retry_after: float | None = None
-    extra: dict[str, Any] | None = None
+    extra: dict[str, object] | None = None
     # Only for the framework's errors whose status has no code of its own (``ERROR``).
     http_status: int | None = None
 
@@ -76,7 +75,7 @@ class Dialect:
 
     name = "openai"
 
-    def body(self, problem: Problem) -> dict[str, Any]:
+    def body(self, problem: Problem) -> dict[str, object]:
         error = {"message": problem.message, "type": problem.error_type, "code": problem.code}
         return {"error": {**error, **(problem.extra or {})}}
 
@@ -118,7 +117,7 @@ class ResponsesDialect(Dialect):
 class AnthropicDialect(Dialect):
     name = "anthropic"
 
-    def body(self, problem: Problem) -> dict[str, Any]:
+    def body(self, problem: Problem) -> dict[str, object]:
         fallback = "invalid_request_error" if problem.status < 500 else "api_error"
         kind = _ANTHROPIC_TYPES.get(problem.status, fallback)
         return {"type": "error", "error": {"type": kind, "message": problem.message}}
@@ -131,7 +130,7 @@ class AnthropicDialect(Dialect):
 class OllamaDialect(Dialect):
     name = "ollama"
 
-    def body(self, problem: Problem) -> dict[str, Any]:
+    def body(self, problem: Problem) -> dict[str, object]:
         return {"error": problem.message}
 
     def event(self, problem: Problem) -> bytes:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
-from typing import Any
 
 from service.domain import InstanceState, Residency
 from service.scheduler.eviction import Resident, SetKey, choose_victims, set_key
@@ -163,7 +162,7 @@ class Holder:
                 return f"{who} claimed by {self.by}'s load"
         return f"{who} holds {format_size(self.charge)}"
 
-    def as_dict(self, now: float, clock: ClockText | None = None) -> dict[str, Any]:
+    def as_dict(self, now: float, clock: ClockText | None = None) -> dict[str, object]:
         return {
             "service": self.name,
             "device": self.device,
@@ -209,7 +208,7 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Refuse:
     message: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
 
 
 Decision = Place | Evict | Wait | Refuse
@@ -446,7 +445,7 @@ def _refusal(
     needs: str = "",
 ) -> Refuse:
     parts: list[str] = []
-    devices: list[dict[str, Any]] = []
+    devices: list[dict[str, object]] = []
     for room in rooms:
         pinned = [
             r

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from service.domain import InstanceState
 from service.errors import ErrorCode
@@ -37,17 +36,17 @@ class Explanation:
     need: int
     device: int | None = None
     available: dict[int, int] = field(default_factory=dict)
-    victims: tuple[dict[str, Any], ...] = ()
-    holders: tuple[dict[str, Any], ...] = ()
+    victims: tuple[dict[str, object], ...] = ()
+    holders: tuple[dict[str, object], ...] = ()
     behind: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
     # Every device of a spanning service's placement (``device`` is the first).
     devices: tuple[int, ...] = ()
     # Who waits in its queue and who has requests in flight, by client (fair queues).
     waiting: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "service": self.service,
             "verdict": self.verdict,
@@ -89,7 +88,7 @@ def _explain(book: Book, svc: ServiceState, now: float) -> Explanation:
     if not book.allowed(svc):
         message = f"{name} runs only in a maintenance window that allows it; none is open"
         opens = book.retry_window(name)
-        data = {"opens_in_s": opens}
+        data: dict[str, object] = {"opens_in_s": opens}
         if opens is not None:
             message += f" (the next opens in {format_duration(opens)})"
         return Explanation(name, ErrorCode.WINDOW_CLOSED.value, message, need, data=data)
@@ -153,7 +152,10 @@ def _resident(book: Book, svc: ServiceState, need: int, now: float) -> Explanati
         return Explanation(svc.name, "stopping", message, need, svc.device, devices=devices)
     if svc.retry_at is not None:
         message = f"{backoff_text(svc, now, book.clock)}, {where}; its memory stays reserved"
-        data = {"restart_in_s": max(0.0, svc.retry_at - now), "crashed": svc.crashed}
+        data: dict[str, object] = {
+            "restart_in_s": max(0.0, svc.retry_at - now),
+            "crashed": svc.crashed,
+        }
         return Explanation(
             svc.name, "backoff", message, need, svc.device, devices=devices, data=data
         )

@@ -221,3 +221,11 @@ def test_module_docstrings_stay_short_the_story_lives_in_the_docs() -> None:
         for path in modules()
     )
     assert lines <= MODULE_DOCSTRINGS_MAX_LINES, "tell it in docs/architecture.md"
+
+
+UNTYPED_DICTS_MAX = 80  # dict[str, Any] in service/: JSON whose shape is truly open
+
+
+def test_untyped_dicts_stay_few_contracts_are_typed() -> None:
+    count = sum(path.read_text().count("dict[str, Any]") for path in modules())
+    assert count <= UNTYPED_DICTS_MAX, "type it: a model in service/contract, or dict[str, object]"
