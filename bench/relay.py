@@ -120,8 +120,10 @@ class StaticLeases:
     ) -> None:
         pass
 
-    def models(self) -> list[dict[str, Any]]:
-        return [{"id": "bench", "service": "bench", "kind": "chat", "state": "ready"}]
+    def models(self) -> list[Any]:
+        from service.live.leases import ServedModel
+
+        return [ServedModel("bench", "bench", "chat", "ready")]
 
 
 def router_app(upstream: str) -> FastAPI:

@@ -215,10 +215,12 @@ def restore_stats(store: Store, runtimes: RuntimeTable) -> dict[str, Learned]:
             rt = runtimes.get(stats.service)
             if rt is None:
                 continue
-            for key in rt.counters:
-                rt.counters[key] = int(getattr(stats, key) or 0)
-            rt.learned_peak = stats.learned_peak_bytes
-            rt.learned_load_s = stats.learned_load_s
+            rt.requests_served = stats.requests_served or 0
+            rt.placement.loads = stats.loads or 0
+            rt.placement.evictions = stats.evictions or 0
+            rt.placement.restarts = stats.restarts or 0
+            rt.measured.learned_peak = stats.learned_peak_bytes
+            rt.measured.learned_load_s = stats.learned_load_s
             learned[stats.service] = Learned(stats.learned_peak_bytes, stats.learned_load_s)
     return learned
 

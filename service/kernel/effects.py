@@ -180,7 +180,7 @@ class KernelEffects:
         for victim in action.victims:
             rt = self._runtimes.get(victim)
             if rt is not None:
-                rt.counters["evictions"] += 1
+                rt.placement.evictions += 1
         self._events.record(action.kind, action.message, service=action.service, data=action.data)
 
     def resolve(self, action: Resolve) -> None:
@@ -196,8 +196,8 @@ class KernelEffects:
     ) -> None:
         """A runtime a previous daemon started becomes the service's instance, ready
         at once (``kernel/takeover.py``); ``on_state`` then tells the scheduler."""
-        rt.instance_id = instance_id
-        rt.device, rt.devices = devices[0], devices
+        rt.placement.instance_id = instance_id
+        rt.placement.device, rt.placement.devices = devices[0], devices
         self._sampler.process_spawned(rt, proc.pid)
         rt.instance.adopt(proc, spec, f"adopting pid {proc.pid} from a previous vramd")
 
@@ -205,7 +205,7 @@ class KernelEffects:
 
     async def _start(self, rt: ServiceRuntime, action: Start) -> None:
         if rt.instance.state is S.SLEEPING:
-            rt.counters["loads"] += 1
+            rt.placement.loads += 1
             if action.wake and await self._sleep.wake(rt, action.reason):
                 return  # on_state has told the scheduler it is ready
             reason = "could not be woken" if action.wake else "admitted on another device"
@@ -224,10 +224,10 @@ class KernelEffects:
             state_dir=self._keeper.state_dir(rt.name) if uses_state_dir(rt.spec) else None,
             fit_target_mib=fit,
         )
-        rt.device, rt.devices = action.device, devices
+        rt.placement.device, rt.placement.devices = action.device, devices
         if not action.retry:
             self._sampler.instance_starting(rt)
-            rt.counters["loads"] += 1
+            rt.placement.loads += 1
             self._events.record(
                 EventKind.LOAD,
                 f"starting {rt.name} on {_where(devices)} ({action.reason})",
@@ -244,7 +244,7 @@ class KernelEffects:
         async def spawned(proc: RuntimeProcess) -> None:
             self._steps.mark(rt.name, "spawned")
             self._sampler.process_spawned(rt, proc.pid)
-            rt.instance_id = record_spawn(
+            rt.placement.instance_id = record_spawn(
                 self._writer, rt, proc, args.argv, args.port, devices, self._clock.now()
             )
 
@@ -283,10 +283,10 @@ class KernelEffects:
         if rt.spec.state is not None and rt.instance.state in (S.READY, S.DRAINING):
             await self._keeper.save(rt, action.reason)
             steps["save_ms"] = ms(began, now())
-        pids = rt.last_pids
+        pids = rt.measured.last_pids
         comeback = self._comeback(rt)  # taken while it still runs
         if self._probe.backend != "host":
-            rt.departing = dict(rt.device_bytes)
+            rt.placement.departing = dict(rt.measured.device_bytes)
         # Pooled keep-alive connections closed first: llama-server waits ~100 ms at
         # SIGTERM for an idle client connection to go (nothing is in flight by now, or
         # what is has run out of stop_timeout and is cut either way).
@@ -333,8 +333,8 @@ class KernelEffects:
         what it held there."""
         await rt.close_client()
         comeback = comeback or self._comeback(rt)
-        if self._probe.backend != "host" and not rt.departing:
-            rt.departing = dict(rt.device_bytes)
+        if self._probe.backend != "host" and not rt.placement.departing:
+            rt.placement.departing = dict(rt.measured.device_bytes)
         missing: dict[int, int] = {}
 
         async def released() -> bool:
@@ -364,7 +364,7 @@ class KernelEffects:
             data = {"missing_bytes": {str(d): b for d, b in missing.items()}}
             self._events.record(EventKind.SETTLE_TIMEOUT, message, service=rt.name, data=data)
         self._sampler.instance_released(rt)
-        rt.departing = {}
+        rt.placement.departing = {}
         self._feed(InstanceStopped(rt.name))
         if rt.retired:
             self._runtimes.drop(rt)  # removed by a policy apply; now it is gone
@@ -386,11 +386,11 @@ class KernelEffects:
             EventKind.STATE,
             f"{rt.name}: {old} -> {new} ({reason})",
             service=rt.name,
-            instance_id=rt.instance_id,
+            instance_id=rt.placement.instance_id,
             data={"from": old.value, "to": new.value, "pid": inst.pid},
         )
         if old is S.BACKOFF and new is S.STARTING:
-            rt.counters["restarts"] += 1
+            rt.placement.restarts += 1
         if S.SLEEPING in (old, new):
             record_sleep(self._writer, rt, asleep=new is S.SLEEPING)
         if new is S.READY:
@@ -406,16 +406,16 @@ class KernelEffects:
         if old is S.STARTING:
             # Flags that describe an instance: this one is new.
             self._doctor.clear_flags(rt, INSTANCE_FLAGS, "a fresh instance")
-        if Flag.CRASH_LOOPING in rt.flags and inst.ready_at is not None:
+        if Flag.CRASH_LOOPING in rt.health.flags and inst.ready_at is not None:
             self.tasks.spawn(self._clear_loop_flag(rt, inst.ready_at), f"loop flag {rt.name}")
         rt.open_client(inst.port)
         self._doctor.start_watch(rt)
         if inst.adopted:  # a previous daemon loaded it: nothing to count or restore
-            self._feed(InstanceAdopted(rt.name, rt.devices))
+            self._feed(InstanceAdopted(rt.name, rt.placement.devices))
             return
-        if rt.oom_incident is not None:
+        if rt.health.oom_incident is not None:
             self._doctor.verdict(rt, retry_succeeded=True)
-        rt.last_load_s = inst.load_s
+        rt.placement.last_load_s = inst.load_s
         if inst.load_s is not None and old is S.STARTING:
             self._accounts.counters.load_done(rt.name, inst.load_s)
         self._sampler.record_ready(rt)
@@ -477,7 +477,7 @@ class KernelEffects:
             self._feed(InstanceFailed(rt.name, error))
         elif old is not S.STOPPING and not self.closing:
             # It left on its own (exited while draining or asleep): settle, then report.
-            self.tasks.spawn(self.settle(rt, rt.last_pids), f"settle {rt.name}")
+            self.tasks.spawn(self.settle(rt, rt.measured.last_pids), f"settle {rt.name}")
 
 
 def _loop_text(deaths: int) -> str:

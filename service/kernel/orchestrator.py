@@ -383,7 +383,7 @@ class Orchestrator:
         )  # fmt: skip
         rt = self.runtimes.get(lease.service)
         if rt is not None and outcome in ("ok", "upstream_error", "client_gone"):
-            rt.counters["requests_served"] += 1
+            rt.requests_served += 1
         self.feed(RequestFinished(lease.request_id))
         if rt is not None and error and outcome == "upstream_error":
             quoted = find_oom(rt.adapter, error)

@@ -67,7 +67,7 @@ class SleepMode:
             return False
         if _launch(rt) in self._frees_nothing:
             return False
-        weights = rt.footprint
+        weights = rt.measured.footprint
         available = psutil.virtual_memory().available
         if available < weights + HOST_MARGIN:
             self._events.record(

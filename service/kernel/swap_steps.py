@@ -81,6 +81,6 @@ class SwapSteps:
             EventKind.SWAP,
             f"{rt.name} {phase}: {text or 'no steps timed'}",
             service=rt.name,
-            instance_id=rt.instance_id,
+            instance_id=rt.placement.instance_id,
             data={"phase": phase, "steps": steps},
         )

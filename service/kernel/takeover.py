@@ -102,9 +102,11 @@ def record_spawn(
 
 def record_sleep(writer: StoreWriter, rt: ServiceRuntime, *, asleep: bool) -> None:
     """A sleeper is not adopted (its weights are in host memory): say which ones sleep."""
-    if rt.instance_id is not None:
+    if rt.placement.instance_id is not None:
         writer.put(
-            partial(queries.record_instance_asleep, instance_id=rt.instance_id, asleep=asleep)
+            partial(
+                queries.record_instance_asleep, instance_id=rt.placement.instance_id, asleep=asleep
+            )
         )
 
 

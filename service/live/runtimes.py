@@ -167,9 +167,11 @@ def fit_target_for(
     for other in starting:
         if other is rt:
             continue
-        for share, device in zip(_shares(other, len(other.devices)), other.devices, strict=True):
+        for share, device in zip(
+            _shares(other, len(other.placement.devices)), other.placement.devices, strict=True
+        ):
             if device in devices:
-                left = share * _sized(other) - other.device_bytes.get(device, 0)
+                left = share * _sized(other) - other.measured.device_bytes.get(device, 0)
                 others[list(devices).index(device)] += max(0, int(left))
     own = [int(share * _sized(rt)) for share in _shares(rt, len(devices))]
     return fit_target_mib([free[d] for d in devices], others, own)
@@ -177,7 +179,7 @@ def fit_target_for(
 
 def _sized(rt: ServiceRuntime) -> int:
     spec = rt.spec
-    return spec.memory.cap or rt.learned_peak or spec.memory.estimate
+    return spec.memory.cap or rt.measured.learned_peak or spec.memory.estimate
 
 
 def _shares(rt: ServiceRuntime, n: int) -> tuple[float, ...]:
@@ -216,26 +218,54 @@ FRACTION_STEPS = 10_000
 
 
 @dataclass
+class Placement:
+    """Where the instance runs and what loading it has cost. Written by the kernel's
+    effects only (spawn, adoption, stop, the instance's transitions)."""
+
+    device: int | None = None
+    # Every device of the instance (``device`` is the first).
+    devices: tuple[int, ...] = ()
+    # Between its exit and the settle barrier's verdict: what the instance held on each
+    # device (the driver may still list it; that memory is ours, not foreign).
+    departing: dict[int, int] = field(default_factory=dict)
+    instance_id: int | None = None
+    last_load_s: float | None = None
+    loads: int = 0
+    evictions: int = 0
+    restarts: int = 0
+
+
+@dataclass
+class Measured:
+    """What the probe measured of the instance, and what past instances showed. Written
+    by the sampler only (``memory.sampling``); the effects tell it of starts and exits."""
+
+    footprint: int = 0
+    host_bytes: int = 0
+    device_bytes: dict[int, int] = field(default_factory=dict)
+    peak: int = 0
+    last_pids: tuple[int, ...] = ()
+    learned_peak: int | None = None
+    learned_load_s: float | None = None
+
+
+@dataclass
+class Health:
+    """What the doctor (``memory.doctor``) concluded: the flags raised, and an
+    out-of-memory load awaiting its retry's verdict (the incident's id)."""
+
+    flags: set[str] = field(default_factory=set)
+    oom_incident: int | None = None
+
+
+@dataclass
 class ServiceRuntime:
-    """Everything live about one service, owned by the orchestrator.
-
-    Each field has one writer (a read that gates a change is made by that writer):
-
-    - ``spec``, ``retired``, ``recent_requests``, ``counters["requests_served"]``: the
-      orchestrator (policy apply, the request path).
-    - ``instance``, ``device``, ``devices``, ``departing``, ``instance_id``,
-      ``last_load_s`` and the other ``counters``: the kernel's effects (spawn, adoption,
-      stop, the instance's transitions).
-    - ``footprint``, ``host_bytes``, ``device_bytes``, ``peak``, ``last_pids``,
-      ``learned_peak``, ``learned_load_s``: the sampler (``memory.sampling``); the
-      effects tell it when an instance starts, spawns and is released.
-    - ``flags``, ``oom_incident``: the doctor (``memory.doctor``).
-    - ``client``, ``base_url``: this record's own ``open_client`` / ``close_client``.
-
-    Counters and learned figures are seeded from SQLite when the daemon starts
-    (``app.restore_stats``), before anything runs. The instance's memory series is not
-    here: the memory package keeps it (``memory.watch.Watches``).
-    """
+    """Everything live about one service. Each part has one writer: ``placement`` the
+    kernel's effects, ``measured`` the sampler, ``health`` the doctor; ``spec``,
+    ``retired``, ``requests_served`` and ``recent_requests`` the orchestrator;
+    ``client``/``base_url`` this record's own ``open_client`` / ``close_client``
+    (tests/unit/test_architecture.py holds them to it). Counters and learned figures
+    are seeded from SQLite before anything runs (``app.restore_stats``)."""
 
     name: str
     spec: Service
@@ -243,36 +273,14 @@ class ServiceRuntime:
     log: LogRing
     client: httpx.AsyncClient | None = None
     base_url: str | None = None
-    device: int | None = None
-    # Every device of the instance (``device`` is the first) and what it holds on each.
-    devices: tuple[int, ...] = ()
-    device_bytes: dict[int, int] = field(default_factory=dict)
-    # Between its exit and the settle barrier's verdict: what the instance held on each
-    # device (the driver may still list it; that memory is ours, not foreign).
-    departing: dict[int, int] = field(default_factory=dict)
-    instance_id: int | None = None
-    last_pids: tuple[int, ...] = ()
-    footprint: int = 0
-    host_bytes: int = 0
-    peak: int = 0
+    placement: Placement = field(default_factory=Placement)
+    measured: Measured = field(default_factory=Measured)
+    health: Health = field(default_factory=Health)
     # Removed from the policy: dropped from the table once its process is gone.
     retired: bool = False
-    flags: set[str] = field(default_factory=set)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {
-            "requests_served": 0,
-            "loads": 0,
-            "evictions": 0,
-            "restarts": 0,
-        }
-    )
-    last_load_s: float | None = None
-    learned_peak: int | None = None
-    learned_load_s: float | None = None
-    # An out-of-memory load awaiting its retry's verdict (the incident's id).
-    oom_incident: int | None = None
+    requests_served: int = 0
     # The last requests' shapes (body size, max_tokens...), for incident records.
-    recent_requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    recent_requests: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=50))
 
     @property
     def adapter(self) -> Adapter:

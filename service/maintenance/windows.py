@@ -107,7 +107,7 @@ class Windows:
         if restart == "all":
             return resident
         if restart == "flagged":
-            return [n for n in resident if self._runtimes[n].flags & INSTANCE_FLAGS]
+            return [n for n in resident if self._runtimes[n].health.flags & INSTANCE_FLAGS]
         if isinstance(restart, tuple):
             return [n for n in restart if n in resident]
         return []
@@ -123,8 +123,9 @@ class Windows:
         targets = self._restart_targets(spec.restart)
         for name in targets:
             reason = f"maintenance window {spec.name}"
-            if self._runtimes[name].flags:
-                reason += f" (flagged {', '.join(sorted(self._runtimes[name].flags))})"
+            flags = self._runtimes[name].health.flags
+            if flags:
+                reason += f" (flagged {', '.join(sorted(flags))})"
             window.actions.append({"service": name, "action": "restart", "reason": reason})
             self._feed(RestartRequested(name, reason))
         self._events.record(

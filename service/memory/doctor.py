@@ -79,7 +79,7 @@ class Doctor:
         )
         watch = InstanceWatch(
             ready_at=self._clock.now(),
-            requests_at_ready=rt.counters["requests_served"],
+            requests_at_ready=rt.requests_served,
             cap=CapWatch(rt.spec.memory.cap),
             adapter=rt.adapter,
             creep=creep,
@@ -106,22 +106,22 @@ class Doctor:
 
     def flag(self, rt: ServiceRuntime, flag: str, message: str, **data: Any) -> None:
         """Raise ``flag`` on the service and record why (an event each time it is seen)."""
-        new = flag not in rt.flags
-        rt.flags.add(flag)
+        new = flag not in rt.health.flags
+        rt.health.flags.add(flag)
         self._events.record(
             EventKind.FLAG,
             f"{rt.name} flagged {flag}: {message}",
             service=rt.name,
-            instance_id=rt.instance_id,
+            instance_id=rt.placement.instance_id,
             data={"flag": flag, "new": new, **data},
         )
 
     def clear_flags(self, rt: ServiceRuntime, flags: Iterable[str], why: str) -> None:
         """Clear those of ``flags`` the service has, with one ``flag-cleared`` event."""
-        cleared = rt.flags & set(flags)
+        cleared = rt.health.flags & set(flags)
         if not cleared:
             return
-        rt.flags -= cleared
+        rt.health.flags -= cleared
         self._events.record(
             EventKind.FLAG_CLEARED,
             f"{rt.name}: {', '.join(sorted(cleared))} cleared by {why}",
@@ -178,10 +178,10 @@ class Doctor:
         quoted = find_oom(rt.adapter, output) or find_oom(rt.adapter, error)
         if quoted is None:
             return
-        if rt.oom_incident is not None:
+        if rt.health.oom_incident is not None:
             self.verdict(rt, retry_succeeded=False)
             return
-        rt.oom_incident = self.record_incident(
+        rt.health.oom_incident = self.record_incident(
             rt,
             kind="load",
             verdict=None,
@@ -194,7 +194,7 @@ class Doctor:
             self.verdict(rt, retry_succeeded=False)
 
     def verdict(self, rt: ServiceRuntime, *, retry_succeeded: bool) -> None:
-        incident, rt.oom_incident = rt.oom_incident, None
+        incident, rt.health.oom_incident = rt.health.oom_incident, None
         if incident is None:
             return
         verdict = "fragmentation" if retry_succeeded else "capacity"
@@ -243,17 +243,19 @@ class Doctor:
         instances = {
             name: {
                 "state": other.instance.state.value,
-                "device": other.device,
-                "devices": list(other.devices),
-                "device_bytes": other.footprint,
-                "bytes_by_device": {str(d): b for d, b in sorted(other.device_bytes.items())},
-                "host_bytes": other.host_bytes,
-                "peak_bytes": other.peak,
+                "device": other.placement.device,
+                "devices": list(other.placement.devices),
+                "device_bytes": other.measured.footprint,
+                "bytes_by_device": {
+                    str(d): b for d, b in sorted(other.measured.device_bytes.items())
+                },
+                "host_bytes": other.measured.host_bytes,
+                "peak_bytes": other.measured.peak,
             }
             for name, other in self._runtimes.items()
             if other.instance.pid is not None
         }
-        largest = max(rt.recent_requests, key=lambda r: r.get("body_bytes", 0), default=None)
+        largest = max(rt.recent_requests, key=_body_bytes, default=None)
         recent = list(rt.recent_requests)[-10:]
 
         def record(session: Session, incident_id: int) -> None:
@@ -289,6 +291,11 @@ class Doctor:
         (the out-of-memory may have been on any: "free memory was there" must hold on
         each before it can be called fragmentation)."""
         reading = self._last.reading
-        devices = rt.devices or (rt.device or 0,)
+        devices = rt.placement.devices or (rt.placement.device or 0,)
         free = [d.free for d in (reading.devices if reading else ()) if d.index in devices]
         return min(free, default=0)
+
+
+def _body_bytes(shape: dict[str, object]) -> int:
+    size = shape.get("body_bytes", 0)
+    return size if isinstance(size, int) else 0

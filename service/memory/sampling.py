@@ -52,7 +52,7 @@ def recent_peak(recent: Iterable[int | None], rt: ServiceRuntime) -> int | None:
     """The highest of the peaks of the service's last instances (``recent``), capped."""
     peaks = [peak for peak in recent if peak]
     if not peaks:
-        return rt.learned_peak
+        return rt.measured.learned_peak
     cap = rt.spec.memory.cap
     return min(max(peaks), cap) if cap is not None else max(peaks)
 
@@ -186,7 +186,7 @@ class Sampler:
             asyncio.to_thread(self._probe.read, roots), self.scrape_metrics()
         )
         # Departed: not measured through a live tree any more (no double count).
-        departed = [rt.departing for name, rt in runtimes.items() if name not in roots]
+        departed = [rt.placement.departing for name, rt in runtimes.items() if name not in roots]
         reading = with_departing(reading, departed)
         self._last.reading = reading
         self._last.at = self._clock.monotonic()
@@ -196,14 +196,14 @@ class Sampler:
             rt = runtimes.get(name)
             if rt is None or name not in roots:
                 continue
-            rt.footprint = memory.device_bytes
-            rt.host_bytes = memory.host_bytes
-            rt.device_bytes = dict(memory.per_device)
-            if len(rt.devices) > 1:
-                per_device[name] = rt.device_bytes
+            rt.measured.footprint = memory.device_bytes
+            rt.measured.host_bytes = memory.host_bytes
+            rt.measured.device_bytes = dict(memory.per_device)
+            if len(rt.placement.devices) > 1:
+                per_device[name] = rt.measured.device_bytes
             if memory.pids:
-                rt.last_pids = memory.pids
-            rt.peak = max(rt.peak, memory.device_bytes)
+                rt.measured.last_pids = memory.pids
+            rt.measured.peak = max(rt.measured.peak, memory.device_bytes)
             footprints[name] = memory.device_bytes
             self._learn_peak(rt)
             self._watch(rt, memory.device_bytes, memory.host_bytes)
@@ -222,7 +222,7 @@ class Sampler:
             t=self._clock.now(),
             device_bytes=device_bytes,
             host_bytes=host_bytes,
-            requests_served=rt.counters["requests_served"],
+            requests_served=rt.requests_served,
         )
         lines = rt.log.tail(rt.log.max_lines, since=watch.log_mark)
         watch.log_mark = rt.log.mark()
@@ -262,17 +262,19 @@ class Sampler:
         learned = self._view.service_view(rt.name)
         current = learned.expected_peak
         memory = rt.spec.memory
-        peak = raised_peak(rt.peak, estimate=memory.estimate, cap=memory.cap, expected=current)
+        peak = raised_peak(
+            rt.measured.peak, estimate=memory.estimate, cap=memory.cap, expected=current
+        )
         if peak is None:
             return
-        rt.learned_peak = peak
+        rt.measured.learned_peak = peak
         name, now = rt.name, self._clock.now()
         self._writer.put(
             lambda session: queries.update_stats(
                 session, service=name, learned_peak_bytes=peak, updated_at=now
             )
         )
-        self._feed(LearnedChanged(rt.name, Learned(peak, rt.learned_load_s)))
+        self._feed(LearnedChanged(rt.name, Learned(peak, rt.measured.learned_load_s)))
 
     def _store_samples(self, reading: ProbeReading, footprints: dict[str, int]) -> None:
         now = self._clock.now()
@@ -298,12 +300,12 @@ class Sampler:
                 {
                     "ts": now,
                     "service": name,
-                    "instance_id": rt.instance_id or 0,
-                    "device_bytes": rt.footprint,
-                    "host_bytes": rt.host_bytes,
+                    "instance_id": rt.placement.instance_id or 0,
+                    "device_bytes": rt.measured.footprint,
+                    "host_bytes": rt.measured.host_bytes,
                     "kv_cache_bytes": None,
                     "in_flight": view.in_flight,
-                    "requests_served": rt.counters["requests_served"],
+                    "requests_served": rt.requests_served,
                 }
             )
 
@@ -325,24 +327,28 @@ class Sampler:
 
     def instance_starting(self, rt: ServiceRuntime) -> None:
         """A new instance (not a retry of the same start): its peak starts afresh."""
-        rt.peak = 0
+        rt.measured.peak = 0
 
     def process_spawned(self, rt: ServiceRuntime, pid: int) -> None:
         """Until the first sample finds its tree, the instance is its leader."""
-        rt.last_pids = (pid,)
+        rt.measured.last_pids = (pid,)
 
     def instance_released(self, rt: ServiceRuntime) -> None:
         """Its memory is back (the settle barrier's verdict): it holds nothing now."""
-        rt.footprint = rt.host_bytes = 0
-        rt.device_bytes = {}
+        rt.measured.footprint = rt.measured.host_bytes = 0
+        rt.measured.device_bytes = {}
 
     def record_ready(self, rt: ServiceRuntime) -> None:
         load_s = rt.instance.load_s
         if load_s is not None:
             # A moving average: one slow cold start does not define the service.
-            old = rt.learned_load_s
-            rt.learned_load_s = load_s if old is None else 0.7 * old + 0.3 * load_s
-        name, instance_id, learned_load_s = rt.name, rt.instance_id, rt.learned_load_s
+            old = rt.measured.learned_load_s
+            rt.measured.learned_load_s = load_s if old is None else 0.7 * old + 0.3 * load_s
+        name, instance_id, learned_load_s = (
+            rt.name,
+            rt.placement.instance_id,
+            rt.measured.learned_load_s,
+        )
         ready_at = self._clock.now()
 
         def write(session: Session) -> None:
@@ -353,13 +359,17 @@ class Sampler:
 
         self._writer.put(write)
         if load_s is not None:
-            self._feed(LearnedChanged(rt.name, Learned(rt.learned_peak, rt.learned_load_s)))
+            self._feed(
+                LearnedChanged(
+                    rt.name, Learned(rt.measured.learned_peak, rt.measured.learned_load_s)
+                )
+            )
 
     def record_exit(self, rt: ServiceRuntime, reason: str) -> None:
-        instance_id = rt.instance_id
+        instance_id = rt.placement.instance_id
         if instance_id is None:
             return
-        name, peak = rt.name, rt.peak or None
+        name, peak = rt.name, rt.measured.peak or None
         stopped_at, exit_code = self._clock.now(), rt.instance.exit_code
         self._writer.put(
             lambda session: queries.record_instance_exit(
@@ -374,22 +384,28 @@ class Sampler:
         recent = self._recent_peaks.setdefault(name, deque(maxlen=RECENT_INSTANCES))
         recent.appendleft(peak)
         learned = recent_peak(recent, rt)
-        if learned == rt.learned_peak:
+        if learned == rt.measured.learned_peak:
             return
-        rt.learned_peak = learned
+        rt.measured.learned_peak = learned
         self._writer.put(
             lambda session: queries.update_stats(session, service=name, learned_peak_bytes=learned)
         )
         # The learned peak follows recent instances, so one old spike is forgotten.
-        self._feed(LearnedChanged(rt.name, Learned(learned, rt.learned_load_s)))
+        self._feed(LearnedChanged(rt.name, Learned(learned, rt.measured.learned_load_s)))
 
     def flush_counters(self) -> None:
         """Persist the in-memory counters and flags (kept off the request path)."""
         now = self._clock.now()
         rows: dict[str, dict[str, Any]] = {}
         for rt in self._runtimes.values():
-            fields: dict[str, Any] = dict(rt.counters)
-            fields["flags"] = sorted(rt.flags)
+            placement = rt.placement
+            fields: dict[str, Any] = {
+                "requests_served": rt.requests_served,
+                "loads": placement.loads,
+                "evictions": placement.evictions,
+                "restarts": placement.restarts,
+            }
+            fields["flags"] = sorted(rt.health.flags)
             fields["last_error"] = rt.instance.last_error
             fields["updated_at"] = now
             rows[rt.name] = fields

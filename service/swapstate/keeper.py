@@ -144,9 +144,9 @@ class StateKeeper:
         why = manifest.ineffective_for(service.identity)
         service.figures.ineffective = why
         self._show_saved(service, manifest)
-        if why is None and Flag.STATE_INEFFECTIVE in rt.flags:
+        if why is None and Flag.STATE_INEFFECTIVE in rt.health.flags:
             self._clear_flags(rt, {Flag.STATE_INEFFECTIVE}, "a changed command")
-        elif why is not None and Flag.STATE_INEFFECTIVE not in rt.flags:
+        elif why is not None and Flag.STATE_INEFFECTIVE not in rt.health.flags:
             # Found on disk (the daemon restarted): the verdict still holds.
             self._flag(rt, Flag.STATE_INEFFECTIVE, f"saving is off: {why}")
 

@@ -229,3 +229,57 @@ UNTYPED_DICTS_MAX = 80  # dict[str, Any] in service/: JSON whose shape is truly 
 def test_untyped_dicts_stay_few_contracts_are_typed() -> None:
     count = sum(path.read_text().count("dict[str, Any]") for path in modules())
     assert count <= UNTYPED_DICTS_MAX, "type it: a model in service/contract, or dict[str, object]"
+
+
+# Each part of a service's live record (service/live/runtimes.py) and the one module that
+# writes it; app.py seeds counters and learned figures from SQLite before anything runs.
+PART_WRITERS = {
+    "placement": {"kernel/effects.py"},
+    "measured": {"memory/sampling.py"},
+    "health": {"memory/doctor.py"},
+}
+SEEDER = "app.py"
+MUTATORS = {"add", "discard", "clear", "update", "pop", "append", "extend", "setdefault"}
+
+
+def part_written(node: ast.AST) -> str | None:
+    """``placement`` for ``x.placement.f = ...``, ``x.placement.f += ...``,
+    ``x.placement.f[k] = ...`` and ``x.placement.f.add(...)``; else None."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in MUTATORS
+    ):
+        targets = [node.func.value]
+    for target in targets:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Attribute)
+            and target.value.attr in PART_WRITERS
+        ):
+            return target.value.attr
+    return None
+
+
+def test_each_part_of_a_services_live_record_has_one_writer() -> None:
+    wrong = []
+    for path in modules():
+        where = str(path.relative_to(SERVICE))
+        for node in ast.walk(ast.parse(path.read_text())):
+            part = part_written(node)
+            if part is not None and where not in PART_WRITERS[part] | {SEEDER}:
+                wrong.append(f"{where}:{node.lineno} writes {part}")
+    assert wrong == []
+
+
+def test_the_writer_check_sees_every_kind_of_write() -> None:
+    code = "rt.placement.device = 1\nrt.health.flags.add('x')\nrt.measured.device_bytes[0] = 1"
+    found = [part_written(node) for node in ast.walk(ast.parse(code))]
+    assert {"placement", "health", "measured"} <= set(found)

@@ -231,7 +231,7 @@ async def test_a_sample_feeds_the_resident_footprints_and_keeps_the_peak(kit: Ki
     (event,) = kit.fed
     assert isinstance(event, MemorySampled)
     assert dict(event.footprints) == {"chat": 90 * MiB}  # only running instances
-    assert (rt.footprint, rt.peak) == (90 * MiB, 90 * MiB)
+    assert (rt.measured.footprint, rt.measured.peak) == (90 * MiB, 90 * MiB)
     assert kit.last.reading is not None and kit.last.at == kit.clock.monotonic()
     assert kit.writer.flush(5.0)
     with kit.store.read() as session:
@@ -317,7 +317,7 @@ async def test_over_cap_with_on_cap_restart_asks_for_a_drained_restart(
 ) -> None:
     rt = await kit.ready("chat")
     kit.doctor(tmp_path).on_finding(rt, Finding("over-cap", "footprint above its cap"))
-    assert "over-cap" in rt.flags
+    assert "over-cap" in rt.health.flags
     assert kit.fed == [RestartRequested("chat", "over its cap 200MiB (on_cap: restart)")]
 
 
@@ -334,7 +334,7 @@ async def test_an_out_of_memory_load_makes_room_and_leaves_an_incident(
     doctor = kit.doctor(tmp_path)
     doctor.load_failed(rt, "exited with code 1: CUDA error: out of memory", retrying=True)
     assert kit.fed == [MakeRoom("chat", "its load failed with out-of-memory")]
-    assert rt.oom_incident is not None
+    assert rt.health.oom_incident is not None
     doctor.verdict(rt, retry_succeeded=True)
     assert kit.writer.flush(5.0)
     with kit.store.read() as session:
@@ -356,7 +356,7 @@ async def test_an_out_of_memory_line_before_the_quoted_tail_still_makes_an_incid
     error = "exited with code 1: E srv  llama_server: exiting due to model loading error"
     kit.doctor(tmp_path).load_failed(rt, error, output=output, retrying=True)
     assert kit.fed == [MakeRoom("chat", "its load failed with out-of-memory")]
-    assert rt.oom_incident is not None
+    assert rt.health.oom_incident is not None
 
 
 async def test_a_load_failure_that_is_not_out_of_memory_asks_for_nothing(
@@ -364,7 +364,7 @@ async def test_a_load_failure_that_is_not_out_of_memory_asks_for_nothing(
 ) -> None:
     rt = kit.runtimes["chat"]
     kit.doctor(tmp_path).load_failed(rt, "exited with code 1: bad flag", retrying=True)
-    assert kit.fed == [] and rt.oom_incident is None
+    assert kit.fed == [] and rt.health.oom_incident is None
 
 
 # ------------------------------------------------------------------ windows
@@ -488,14 +488,14 @@ async def test_a_runtime_killed_after_ready_is_flagged_crash_looping_then_cleare
         await settle()
         backoff = [e for e in kit.fed if isinstance(e, InstanceBackoff)][-1]
         assert backoff.crashed and rt.instance.state is S.BACKOFF
-        assert ("crash-looping" in rt.flags) is (death >= 5)
+        assert ("crash-looping" in rt.health.flags) is (death >= 5)
         await kit.clock.advance(rt.instance.backoff_due - kit.clock.monotonic())
         await kit.ready("chat")  # the owner's retry
     assert not [e for e in kit.fed if isinstance(e, InstanceFailed)]
     await kit.clock.advance(59.0)
-    assert "crash-looping" in rt.flags
+    assert "crash-looping" in rt.health.flags
     await kit.clock.advance(1.0)
-    assert "crash-looping" not in rt.flags
+    assert "crash-looping" not in rt.health.flags
     kinds = [kind for kind, _ in flag_events(kit)]
     assert kinds.count("flag") == 2 and kinds.count("flag-cleared") == 1
     assert "died 5 times within 10 min after being ready" in flag_events(kit)[0][1]

@@ -146,7 +146,7 @@ def test_fit_target_leaves_free_what_the_cap_and_other_starting_loads_do_not_tak
         (20 * GiB - 3 * GiB) // MiB,
     )
     # small starts on device 1 and already holds 0.5 GiB of its 2 GiB estimate.
-    small.devices, small.device_bytes = (1,), {1: GiB // 2}
+    small.placement.devices, small.measured.device_bytes = (1,), {1: GiB // 2}
     assert fit_target_for(big, (0, 1), free, [big, small]) == (
         (20 * GiB - 9 * GiB) // MiB,
         (20 * GiB - int(1.5 * GiB) - 3 * GiB) // MiB,
