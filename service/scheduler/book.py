@@ -314,8 +314,8 @@ class Book:
 
     def stop_sleeper(self, svc: ServiceState, reason: str) -> None:
         """Stop a sleeper's process for good (to admission it is stopped already)."""
-        if svc.asleep and not svc.sleeper_stopping:
-            svc.sleeper_stopping = True
+        if svc.sleeper is not None and not svc.sleeper.stopping:
+            svc.sleeper.stopping = True
             self.out.append(StopSleeper(svc.name, reason))
 
     def forget(self, svc: ServiceState) -> None:

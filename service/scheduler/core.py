@@ -49,7 +49,7 @@ from service.scheduler.reasons import (
     what_it_waited_for,
 )
 from service.scheduler.rules import DeviceRule, Learned, ServiceRule
-from service.scheduler.state import ServiceState, ServiceView
+from service.scheduler.state import ServiceState, ServiceView, Sleeper
 from service.scheduler.yielding import Block, Tuning, eviction_block
 from service.units import format_duration
 
@@ -248,7 +248,7 @@ class Scheduler:
         svc.measured = 0
         svc.measured_by_device = {}
         svc.started_at = svc.last_used = self._book.now
-        svc.asleep_on = svc.asleep_since = None
+        svc.sleeper = None
         svc.error = None
 
     def _on_backoff(self, event: InstanceBackoff) -> None:
@@ -277,7 +277,7 @@ class Scheduler:
         svc.state = S.FAILED
         svc.error = event.error
         svc.load_intent = None
-        svc.restart_pending = False
+        svc.restart = None
         book.reject_queue(svc, ErrorCode.RUNTIME_FAILED, failed_message(svc))
         svc.wait = svc.behind = None
         svc.retry_at = None
@@ -291,14 +291,13 @@ class Scheduler:
             return
         if not svc.resident:
             # A sleeper's process is gone: stopped for good, or it died asleep.
-            svc.asleep_on = svc.asleep_since = None
-            svc.sleeper_stopping = False
+            svc.sleeper = None
             return
         if svc.state in (S.STARTING, S.READY):
             book.note(svc.name, EventKind.EXITED, f"{svc.name} stopped without being asked to")
         book.release(svc)
         svc.state = S.STOPPED
-        svc.restart_pending = False
+        svc.restart = None
         # A restart's old instance is gone: its operators now wait for the new one.
         svc.tickets = {t: "load" if k == "restart" else k for t, k in svc.tickets.items()}
         if svc.removed:
@@ -312,8 +311,8 @@ class Scheduler:
         devices = svc.devices
         book.release(svc)
         svc.state = S.STOPPED
-        svc.restart_pending = False
-        svc.asleep_on, svc.asleep_since = devices, book.now
+        svc.restart = None
+        svc.sleeper = Sleeper(devices, book.now)
         if svc.removed:
             book.stop_sleeper(svc, "removed from the policy")
             book.forget(svc)
@@ -346,7 +345,7 @@ class Scheduler:
                 book.stop(
                     svc, f"idle for {format_duration(idle_s)} (idle_ttl {ttl})", sleepable=True
                 )
-            since = svc.asleep_since
+            since = svc.sleeper.since if svc.sleeper else None
             if since is not None and rule.idle_ttl_s > 0 and now - since >= rule.idle_ttl_s:
                 book.stop_sleeper(svc, f"asleep longer than its idle_ttl ({rule.idle_ttl_s:g}s)")
 
@@ -392,8 +391,7 @@ class Scheduler:
             if rule.residency is Residency.WARM and newly_preloaded:
                 current.load_intent = "preload"
             if name in event.restart and current.resident:
-                current.restart_pending = True
-                current.restart_reason = "its command changed"
+                current.restart = "its command changed"
         book.reorder()  # priorities may have changed
 
     def _on_make_room(self, event: MakeRoom) -> None:
@@ -440,7 +438,7 @@ class Scheduler:
                 svc, ErrorCode.INSUFFICIENT_CAPACITY, "vramd is shutting down", SHUTDOWN_RETRY_S
             )
             svc.load_intent = None
-            svc.restart_pending = False
+            svc.restart = None
             svc.retry_at = None
             book.drop_plan(svc)
             book.stop(svc, "daemon shutting down")

@@ -53,8 +53,7 @@ def on_restart(book: Book, event: RestartRequested) -> None:
     # progress, an eviction, an unload): what comes next is a fresh instance.
     svc = book.services.get(event.service)
     if svc is not None and svc.state in (S.READY, S.STARTING) and not svc.removed:
-        svc.restart_pending = True
-        svc.restart_reason = event.reason
+        svc.restart = event.reason
         if event.ticket is not None:
             svc.tickets[event.ticket] = "restart"
     elif event.ticket is not None:
@@ -93,7 +92,7 @@ def on_unload(book: Book, event: UnloadRequested) -> None:
         book.note(event.service, EventKind.IGNORED, f"no service named {event.service!r}")
         return
     svc.load_intent = None
-    svc.restart_pending = False
+    svc.restart = None
     svc.wait = svc.behind = None
     book.drop_plan(svc)
     # Pinned means "keep it loaded"; the operator overrides that until a load. Any

@@ -43,7 +43,7 @@ def run_pass(book: Book, *, quiet: bool = False) -> None:
                 svc.name, EventKind.DROP_PLAN, f"nothing waits for {svc.name}; its load is dropped"
             )
     for svc in book.ordered():
-        if svc.restart_pending and svc.state is S.READY:
+        if svc.restart is not None and svc.state is S.READY:
             restart(book, svc)
     for svc in book.ordered():
         if svc.state is S.STARTING and svc.retry_at is not None and book.now >= svc.retry_at:
@@ -195,10 +195,10 @@ def _start(book: Book, svc: ServiceState, place: Place, need: int) -> None:
         reason = f"{len(svc.queue)} request(s) waiting"
     else:
         reason = str(svc.rule.residency)
-    wake = svc.asleep_on == devices
+    wake = svc.sleeper is not None and svc.sleeper.on == devices
     spans = devices if len(devices) > 1 else ()
     book.out.append(Start(svc.name, place.device, reason, wake=wake, spans=spans))
-    svc.asleep_on = svc.asleep_since = None
+    svc.sleeper = None
     svc.state = S.STARTING
     svc.devices = devices
     svc.measured = 0
@@ -262,8 +262,8 @@ def restart(book: Book, svc: ServiceState) -> None:
     whole need as it stops, so no other load takes it), and the restart intent loads it
     again even if nothing waits: a restart never leaves unloaded what was loaded.
     """
-    svc.restart_pending = False
-    reason = f"restart: {svc.restart_reason or 'requested'}"
+    reason = f"restart: {svc.restart or 'requested'}"
+    svc.restart = None
     if book.allowed(svc) and svc.devices:
         svc.load_intent = reason
         needs = tuple(

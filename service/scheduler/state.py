@@ -93,6 +93,16 @@ class ServiceView:
 
 
 @dataclass(slots=True)
+class Sleeper:
+    """A service's instance asleep on ``on`` since ``since``; ``stopping`` once told to
+    stop for good (its process not yet gone)."""
+
+    on: tuple[int, ...]
+    since: float
+    stopping: bool = False
+
+
+@dataclass(slots=True)
 class ServiceState:
     rule: ServiceRule
     learned: Learned = field(default_factory=Learned)
@@ -126,8 +136,8 @@ class ServiceState:
     # A one-shot reason to load without a request: "preload", "load requested".
     load_intent: str | None = None
     operator_unloaded: bool = False
-    restart_pending: bool = False
-    restart_reason: str = ""
+    # A drained restart is pending, for this reason (None: none is).
+    restart: str | None = None
     removed: bool = False
     error: str | None = None
     # The last wait/refuse note, so a decision that does not change is said once.
@@ -139,11 +149,8 @@ class ServiceState:
     retry_after_room: bool = False
     # The backoff follows a crash of a ready instance (not a failed start).
     crashed: bool = False
-    # A sleeper (``InstanceAsleep``): stopped to admission, its process alive on
-    # ``asleep_on``. ``sleeper_stopping``: told to stop for good, not yet gone.
-    asleep_on: tuple[int, ...] | None = None
-    asleep_since: float | None = None
-    sleeper_stopping: bool = False
+    # A sleeper (``InstanceAsleep``): stopped to admission, its process alive.
+    sleeper: Sleeper | None = None
     # Operators waiting for an answer: ticket -> "load" | "restart" | "unload".
     tickets: dict[str, str] = field(default_factory=dict)
 
@@ -184,7 +191,12 @@ class ServiceState:
 
     @property
     def asleep(self) -> bool:
-        return self.asleep_on is not None
+        return self.sleeper is not None
+
+    @property
+    def sleeper_stopping(self) -> bool:
+        """Its sleeper was told to stop for good and is not gone yet."""
+        return self.sleeper is not None and self.sleeper.stopping
 
     @property
     def going(self) -> bool:
@@ -326,7 +338,7 @@ class ServiceState:
             last_used=self.last_used,
             idle_for=idle_for,
             waiting_for_memory=waiting_for_memory,
-            restart_pending=self.restart_pending,
+            restart_pending=self.restart is not None,
             error=self.error,
             waiting_for=self.waiting_text(now, clock) if waiting_for_memory else None,
             wait_holders=tuple(h.as_dict(now, clock) for h in self.wait.holders)
