@@ -24,15 +24,7 @@ from service.kernel.takeover import record_sleep, record_spawn
 from service.kernel.tickets import Tickets
 from service.live.events import EventLog
 from service.live.leases import Lease, Waiters
-from service.live.runtimes import (
-    FIT_TARGET,
-    RuntimeTable,
-    ServiceRuntime,
-    fit_target_for,
-    free_loopback_port,
-    launch_args,
-    uses_state_dir,
-)
+from service.live.runtimes import RuntimeTable, ServiceRuntime, fit_target_for
 from service.live.usage import Accounts
 from service.memory.doctor import Doctor
 from service.memory.release import Comeback
@@ -63,6 +55,7 @@ from service.supervisor import (
     wait_settled,
 )
 from service.supervisor.backoff import LOOP_WINDOW_S
+from service.supervisor.launch import FIT_TARGET, free_loopback_port, launch_args, uses_state_dir
 from service.swapstate import StateKeeper
 
 S = InstanceState

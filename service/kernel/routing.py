@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from service.adapters.base import NativeRoute
 from service.errors import InvalidRequest, ModelNotFound
 from service.live.leases import Routed
-from service.live.runtimes import adapter_for
 from service.policy import Policy
 from service.policy.routes import adapter_routes
+from service.supervisor.launch import adapter_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from service import __version__
 from service.clock import Clock
 from service.domain import EventKind
 from service.live.events import EventLog
-from service.live.runtimes import RuntimeTable, ServiceRuntime, health_path
+from service.live.runtimes import RuntimeTable, ServiceRuntime
 from service.policy import expand_placeholders, process_identity
 from service.store import Store, StoreWriter, queries
 from service.store.models import InstanceRecord
@@ -31,6 +31,7 @@ from service.supervisor import (
     not_the_same_process,
     reap_orphans,
 )
+from service.supervisor.launch import health_path
 
 log = logging.getLogger("vramd.takeover")
 

@@ -1,6 +1,6 @@
 """``${NAME}`` placeholders in a service's command, env and health path.
 
-vramd fills them in when it launches a process (``ServiceRuntime.launch_args``); the
+vramd fills them in when it launches a process (``supervisor.launch.launch_args``); the
 policy loader only checks that each name is known and that the ``CAP_*`` ones have a
 ``memory.cap`` to take their value from. ``diff_policies`` reads them too: a cap change
 restarts a service whose arguments carry the cap.

@@ -4,6 +4,7 @@ Modules::
 
     logs.py         LogRing: the bounded ring of a runtime's output lines
     environment.py  runtime_environment: the minimal environment a runtime inherits
+    launch.py       launch_args: one start's command, environment and health URL, placed
     process.py      ProcessLauncher / RuntimeProcess: spawn in a new session, signal the group
     output.py       OutputFiles / OutputFollower: a runtime's output files, followed into its ring
     backoff.py      RestartPolicy / RestartTracker: restart delays and give-up, pure

@@ -14,7 +14,8 @@ from typing import Any
 from service.clock import Clock
 from service.domain import EventKind, Flag
 from service.live.events import EventLog
-from service.live.runtimes import RuntimeTable, ServiceRuntime, uses_state_dir
+from service.live.runtimes import RuntimeTable, ServiceRuntime
+from service.supervisor.launch import uses_state_dir
 from service.swapstate.files import Identity, Manifest, SavedSlot, StateDir, over_budget
 from service.swapstate.slots import SlotActionFailed, list_slots, restore_slot, save_slot
 from service.swapstate.verify import ANSWERS_TO_WAIT, Restored, keep_text, verdict

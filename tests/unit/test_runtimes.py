@@ -7,8 +7,9 @@ import pytest
 from support.fake_clock import FakeClock
 from support.fake_launcher import FakeLauncher
 
-from service.live.runtimes import RuntimeTable, fit_target_for, fit_target_mib, launch_args
+from service.live.runtimes import RuntimeTable, fit_target_for
 from service.policy import Service, load_policy
+from service.supervisor.launch import fit_target_mib, launch_args
 
 GiB = 1024**3
 
@@ -88,7 +89,7 @@ def test_a_service_choosing_its_own_devices_is_not_filtered_twice(own: str) -> N
 def test_cap_fraction_of_a_span_keeps_every_device_under_its_share(
     cap: int, shares: tuple[float, ...], totals: tuple[int, ...]
 ) -> None:
-    from service.live.runtimes import cap_fraction
+    from service.supervisor.launch import cap_fraction
 
     fraction = float(cap_fraction(cap, shares, totals))
     for share, total in zip(shares, totals, strict=True):
@@ -97,7 +98,7 @@ def test_cap_fraction_of_a_span_keeps_every_device_under_its_share(
 
 def test_cap_fraction_never_rounds_up_where_a_float_floor_would() -> None:
     """0.29 of 100 is 28.999... in binary; floor(x * 1000) / 1000 gives 0.290 > x."""
-    from service.live.runtimes import cap_fraction
+    from service.supervisor.launch import cap_fraction
 
     total = 100 * 2**20
     cap = 29 * 2**20 - 1  # just under 0.29 of the total
