@@ -29,6 +29,7 @@ from service.domain import InstanceState as S
 from service.errors import RequestRejected, StoreError
 from service.handover import ControlPoint, Handing, Predecessor, hand_over_blocked_here
 from service.live.leases import Lease, Outcome
+from service.settings import Settings
 from service.store.lock import DatabaseLock
 
 log = logging.getLogger("vramd.server")
@@ -38,6 +39,8 @@ IDLE_GRACE_S = 1.0
 LEAVE_TIMEOUT_S = 60.0
 # How long the new daemon waits for a slot to hold for the replaced one's request.
 HOLD_WAIT_S = 1.0
+# uvicorn's wait for open connections at shutdown, after the orchestrator has drained.
+GRACEFUL_S = 30
 
 
 class CompanionServer(uvicorn.Server):
@@ -70,7 +73,7 @@ class DaemonServer(uvicorn.Server):
         predecessor: Predecessor | None = None,
     ) -> None:
         super().__init__(config)
-        self._app = app
+        self.app = app
         self._companions = list(companions)
         self._companion_tasks: list[asyncio.Task[None]] = []
         self._listener = listener
@@ -82,7 +85,7 @@ class DaemonServer(uvicorn.Server):
         self.started_at = time.monotonic()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        daemon = getattr(self._app.state, "daemon", None)
+        daemon = getattr(self.app.state, "daemon", None)
         if daemon is not None:
             # A signal handler runs between two bytecodes of the loop's own thread: hand
             # the call to the loop rather than run it in the middle of whatever ran.
@@ -143,7 +146,7 @@ class DaemonServer(uvicorn.Server):
         """Hold a slot for each request the replaced daemon still has at a runtime, each
         let go as that request ends: no request beyond a runtime's concurrency, and no
         stop of a runtime that still answers the old daemon."""
-        orchestrator = self._app.state.daemon.orchestrator
+        orchestrator = self.app.state.daemon.orchestrator
         leases: dict[str, list[Lease]] = {}
         for name, count in held.items():
             rt = orchestrator.runtimes.get(name)
@@ -208,7 +211,7 @@ class DaemonServer(uvicorn.Server):
         subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
     def _handing(self) -> Handing:
-        daemon = self._app.state.daemon
+        daemon = self.app.state.daemon
         orchestrator = daemon.orchestrator
         keep = orchestrator.keep_runtimes
 
@@ -271,6 +274,47 @@ class DaemonServer(uvicorn.Server):
 def _report_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.error("the Ollama listener stopped: %s", exc, exc_info=exc)
+
+
+def assemble(
+    settings: Settings,
+    *,
+    listener: socket.socket,
+    database: Path,
+    ollama: socket.socket | None = None,
+    predecessor: Predecessor | None = None,
+    access_log: bool = True,
+) -> DaemonServer:
+    """The daemon as ``vramd serve`` runs it, on sockets already bound: the app, its
+    uvicorn server and, on ``ollama``, the Ollama listener. The test harness's in-thread
+    daemon is assembled here too, so what the tests run is what users run."""
+    from service.api.ollama import create_ollama_app
+    from service.app import create_app
+
+    application = create_app(settings)
+    companions = []
+    if ollama is not None:
+        config = uvicorn.Config(
+            create_ollama_app(application),
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=GRACEFUL_S,
+            lifespan="off",
+        )
+        companions.append((CompanionServer(config), ollama))
+    config = uvicorn.Config(
+        application,
+        log_level=settings.log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=GRACEFUL_S,
+    )
+    return DaemonServer(
+        application,
+        config,
+        companions,
+        listener=listener,
+        database=database,
+        predecessor=predecessor,
+    )
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

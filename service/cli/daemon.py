@@ -27,10 +27,7 @@ from service.settings import Settings, refuse_unsafe_bind, server_address
 from service.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from service.handover import Predecessor
-    from service.server import CompanionServer
 
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 import_app = typer.Typer(
@@ -138,10 +135,7 @@ def serve(
     ] = False,
 ) -> None:
     """Run the daemon."""
-    import uvicorn
-
-    from service.app import create_app
-    from service.server import DaemonServer
+    from service.server import assemble
 
     settings = _settings(
         config=config, host=host, port=port, db=db, keep_runtimes=keep_runtimes or None,
@@ -156,24 +150,19 @@ def serve(
     configure_logging(settings.log_level)
     predecessor = _take_over(address.database) if replace else None
     preflight_database(address.database)
-    application = create_app(settings)
     handed = list(predecessor.sockets) if predecessor is not None else []
     listener = handed.pop(0) if handed else _bind_or_exit(address.host, address.port)
-    companions: list[tuple[CompanionServer, socket.socket]] = []
+    ollama = None
     if policy.server.ollama is not None:
-        companions.append(_ollama_listener(application, address.host, policy, settings, handed[:1]))
-    server = DaemonServer(
-        application,
-        uvicorn.Config(
-            application,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=30,
-        ),
-        companions,
+        ollama = handed[0] if handed else _ollama_listener(address.host, policy)
+    server = assemble(
+        settings,
         listener=listener,
         database=address.database,
+        ollama=ollama,
         predecessor=predecessor,
     )
+    application = server.app
     logging.getLogger("uvicorn.access").addFilter(drop_answered_scrapes)
     with logging_off_the_loop("vramd", "uvicorn", "uvicorn.access"):
         server.run_all()
@@ -205,24 +194,16 @@ def _bind_or_exit(host: str, port: int) -> socket.socket:
         raise typer.Exit(EXIT_FAILED) from None
 
 
-def _ollama_listener(
-    application: FastAPI,
-    host: str,
-    policy: Policy,
-    settings: Settings,
-    handed: list[socket.socket],
-) -> tuple[CompanionServer, socket.socket]:
-    """The Ollama-compatible listener (``server.ollama``), its port bound now so that a
+def _ollama_listener(host: str, policy: Policy) -> socket.socket:
+    """The Ollama-compatible listener's socket (``server.ollama``), bound now so that a
     port in use is one clear line and exit 1 before anything starts."""
 
     from service.server import bind_listener
 
     assert policy.server.ollama is not None
     port = policy.server.ollama.port
-    if handed:
-        return _ollama_server(application, settings), handed[0]
     try:
-        sock = bind_listener(host, port)
+        return bind_listener(host, port)
     except OSError as exc:
         err.print(
             f"vramd cannot listen for Ollama clients on {host}:{port}: {exc.strerror or exc} "
@@ -230,22 +211,6 @@ def _ollama_listener(
             markup=False,
         )
         raise typer.Exit(EXIT_FAILED) from None
-    return _ollama_server(application, settings), sock
-
-
-def _ollama_server(application: FastAPI, settings: Settings) -> CompanionServer:
-    import uvicorn
-
-    from service.api.ollama import create_ollama_app
-    from service.server import CompanionServer
-
-    config = uvicorn.Config(
-        create_ollama_app(application),
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
-        lifespan="off",
-    )
-    return CompanionServer(config)
 
 
 def preflight_database(path: Path) -> None:

@@ -282,24 +282,21 @@ class InThreadServer:
     """The daemon's app and server (as ``vramd serve`` builds them) in a thread."""
 
     def __init__(self, workdir: Path, port: int) -> None:
-        import uvicorn
-
-        from service.app import create_app
-        from service.server import DaemonServer, bind_listener
+        from service.server import assemble, bind_listener
         from service.settings import Settings
 
         settings = Settings(
-            config=workdir / "policy.yaml", db=workdir / "vramd.db", port=port, host="127.0.0.1"
+            config=workdir / "policy.yaml",
+            db=workdir / "vramd.db",
+            port=port,
+            host="127.0.0.1",
+            log_level="warning",
         )
-        self.app = create_app(settings)
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-            timeout_graceful_shutdown=30,
-        )  # fmt: skip
         self._listener = bind_listener("127.0.0.1", port)
-        self.server = DaemonServer(
-            self.app, config, listener=self._listener, database=workdir / "vramd.db"
+        self.server = assemble(
+            settings, listener=self._listener, database=workdir / "vramd.db", access_log=False
         )
+        self.app = self.server.app
         self.loop: asyncio.AbstractEventLoop | None = None
         self._before = _children()
         self._thread = threading.Thread(target=self._run, name=f"vramd:{port}", daemon=True)
