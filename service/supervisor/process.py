@@ -276,7 +276,7 @@ class SpawnedProcess(ChildProcess):
     ) -> None:
         super().__init__(pid=popen.pid, start_time=start_time, follower=follower)
         self._popen = popen
-        self._watch = _ExitWatch(popen.pid, self._reap)
+        self._watch = ExitWatch(popen.pid, self._reap)
 
     def _reap(self) -> None:
         """The leader has exited: reap it (nobody else does) and say how it ended."""
@@ -304,7 +304,7 @@ class AdoptedProcess(ChildProcess):
 
     def __init__(self, *, pid: int, start_time: float, follower: OutputFollower | None) -> None:
         super().__init__(pid=pid, start_time=start_time, follower=follower)
-        self._watch = _ExitWatch(pid, lambda: self._gone(), child=False)
+        self._watch = ExitWatch(pid, lambda: self._gone(), child=False)
 
     def _gone(self) -> None:
         self._watch.close()
@@ -314,27 +314,37 @@ class AdoptedProcess(ChildProcess):
         self._watch.close()
 
 
-class _ExitWatch:
-    """Calls ``on_exit`` on the loop once ``pid`` has exited.
+class PidfdWatch:
+    """Calls ``on_exit`` on the loop once ``pid`` has exited: a pidfd becomes readable
+    when the process exits, whoever its parent is (Linux 5.3+)."""
 
-    A pidfd becomes readable when the process exits, whoever its parent is. Without
-    pidfds: a child is waited for by a thread, any other process polled.
-    """
+    def __init__(self, pid: int, on_exit: Callable[[], None], *, child: bool = True) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd: int | None = None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._loop.call_soon(on_exit)
+            return
+        self._loop.add_reader(self._fd, on_exit)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+
+class WaitWatch:
+    """``PidfdWatch`` on kernels without pidfds (before Linux 5.3, some sandboxes): a
+    child is waited for by a thread, any other process polled every ``POLL_EXIT_S``."""
 
     def __init__(self, pid: int, on_exit: Callable[[], None], *, child: bool = True) -> None:
         self._loop = asyncio.get_running_loop()
         self._pid = pid
-        self._fd: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._on_exit = on_exit
-        if PIDFD:
-            try:
-                self._fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                self._loop.call_soon(on_exit)
-                return
-            self._loop.add_reader(self._fd, on_exit)
-        elif child:
+        if child:
             self._loop.run_in_executor(None, _wait_quietly, pid).add_done_callback(
                 lambda _: self._loop.call_soon_threadsafe(on_exit)
             )
@@ -352,13 +362,13 @@ class _ExitWatch:
             self._on_exit()
 
     def close(self) -> None:
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+# Chosen once for this kernel.
+ExitWatch: type[PidfdWatch] | type[WaitWatch] = PidfdWatch if PIDFD else WaitWatch
 
 
 POLL_EXIT_S = 0.5
