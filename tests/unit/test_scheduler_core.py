@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
+from support.scheduling import RESIDENT, World, rule
 
 from service.domain import Residency
 from service.scheduler import (
@@ -53,110 +54,6 @@ PINNED, WARM, ON_DEMAND, WINDOW = (
     Residency.ON_DEMAND,
     Residency.WINDOW_ONLY,
 )
-RESIDENT = ("starting", "ready", "draining", "stopping")
-
-
-def rule(
-    name: str,
-    residency: Residency = ON_DEMAND,
-    *,
-    priority: int = 100,
-    mib: int = 600,
-    cap: int | None = None,
-    max_concurrency: int = 4,
-    queue_max: int = 8,
-    queue_timeout_s: float = 60.0,
-    idle_ttl_s: float = 0.0,
-    stop_timeout_s: float = 15.0,
-    gpus: tuple[int, ...] | None = None,
-    preload: bool = False,
-    protect_s: float | None = None,
-) -> ServiceRule:
-    return ServiceRule(
-        name=name,
-        residency=residency,
-        priority=priority,
-        estimate=mib * MiB,
-        cap=cap,
-        max_concurrency=max_concurrency,
-        queue_max=queue_max,
-        queue_timeout_s=queue_timeout_s,
-        idle_ttl_s=idle_ttl_s,
-        stop_timeout_s=stop_timeout_s,
-        gpus=gpus,
-        preload=preload,
-        protect_s=protect_s,
-    )
-
-
-class World:
-    """A scheduler, the clock, and what the devices hold besides our instances."""
-
-    def __init__(
-        self,
-        *rules: ServiceRule,
-        devices: dict[int, int] | None = None,
-        device_rule: DeviceRule | None = None,
-        learned: dict[str, Learned] | None = None,
-        foreign: dict[int, int] | None = None,
-        sample: bool = True,
-    ) -> None:
-        self.rules = {r.name: r for r in rules}
-        self.device_rule = device_rule or DeviceRule()
-        self.sched = Scheduler(self.rules, self.device_rule, learned=learned)
-        self.totals = devices or {0: 1000 * MiB}
-        self.foreign = dict(foreign or {})
-        self.footprints: dict[str, int] = {}  # overrides; default: the expected peak
-        self.now = 0.0
-        if sample:
-            self.sample()
-
-    def send(self, event: Event, at: float | None = None) -> list[Action]:
-        if at is not None:
-            self.now = at
-        return self.sched.handle(event, self.now)
-
-    def sample(self, at: float | None = None, *, free_gap: int = 0) -> list[Action]:
-        """A sample consistent with the scheduler's residents; ``free_gap`` hides some
-        free memory (as drivers do with reserved memory)."""
-        fp: dict[str, int] = {}
-        for name in self.sched.service_names():
-            view = self.sched.service_view(name)
-            if view.state in RESIDENT and view.device is not None:
-                default = 0 if view.state == "starting" else view.expected_peak
-                fp[name] = self.footprints.get(name, default)
-        readings = []
-        for d, total in sorted(self.totals.items()):
-            managed = sum(v for n, v in fp.items() if self.sched.service_view(n).device == d)
-            used = managed + self.foreign.get(d, 0)
-            readings.append(DeviceReading(d, total, used, total - used - free_gap, managed))
-        return self.send(MemorySampled(tuple(readings), fp), at)
-
-    def request(self, rid: str, service: str, at: float | None = None) -> list[Action]:
-        return self.send(RequestArrived(rid, service), at)
-
-    def ready(self, service: str, at: float | None = None) -> list[Action]:
-        return self.send(InstanceReady(service), at)
-
-    def stopped(self, service: str, at: float | None = None) -> list[Action]:
-        return self.send(InstanceStopped(service), at)
-
-    def finish(self, rid: str, at: float | None = None) -> list[Action]:
-        return self.send(RequestFinished(rid), at)
-
-    def tick(self, at: float) -> list[Action]:
-        return self.send(Tick(), at)
-
-    def serve(self, service: str, rid: str | None = None) -> None:
-        """Load ``service`` through a request that then finishes: ready and idle."""
-        rid = rid or f"warmup-{service}"
-        assert starts(self.request(rid, service)) == [service]
-        assert grants(self.ready(service)) == [rid]
-        self.finish(rid)
-        self.sample()
-
-    def state(self, service: str) -> str:
-        return self.sched.service_view(service).state
 
 
 def starts(actions: Iterable[Action]) -> list[str]:
@@ -1618,10 +1515,8 @@ def test_explain_says_by_when_each_holder_yields_in_clock_time() -> None:
         "chat": rule("chat", WARM, priority=300, protect_s=600),
         "image": rule("image", priority=100, queue_timeout_s=120),
     }
-    sched = Scheduler(rules, DeviceRule(), clock_text=lambda t: f"T+{t:g}")
-    world = World(*rules.values())
-    world.sched = sched
-    world.sample()
+    world = World(*rules.values(), clock_text=lambda t: f"T+{t:g}")
+    sched = world.sched
     world.serve("chat")
     world.send(LearnedChanged("image", Learned(load_s=20.0)), at=10)
     answer = sched.explain("image", 100.0)

@@ -9,12 +9,11 @@ an ``Effects`` that records what it is asked to do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from support.scheduling import World, rule
 
-from service.domain import DeviceReading, Residency
+from service.domain import Residency
 from service.scheduler import (
     DeviceRule,
-    Event,
     Grant,
     InstanceAsleep,
     InstanceBackoff,
@@ -23,17 +22,13 @@ from service.scheduler import (
     InstanceStopped,
     LoadRequested,
     MakeRoom,
-    MemorySampled,
     Note,
     PolicyChanged,
-    Pump,
     Reject,
     RequestArrived,
     RequestFinished,
     Resolve,
     RestartRequested,
-    Scheduler,
-    ServiceRule,
     ShutdownRequested,
     Start,
     Stop,
@@ -44,97 +39,6 @@ from service.scheduler import (
 )
 
 MiB = 1024**2
-
-
-def rule(name: str, residency: Residency = Residency.ON_DEMAND, **kw: object) -> ServiceRule:
-    fields: dict[str, object] = {
-        "name": name,
-        "residency": residency,
-        "priority": 100,
-        "estimate": 600 * MiB,
-        "cap": None,
-        "max_concurrency": 4,
-        "queue_max": 8,
-        "queue_timeout_s": 60.0,
-        "idle_ttl_s": 0.0,
-        "stop_timeout_s": 15.0,
-        "gpus": None,
-        "preload": False,
-        "protect_s": 0.0,
-    }
-    fields.update(kw)
-    return ServiceRule(**fields)  # type: ignore[arg-type]
-
-
-@dataclass
-class Recorder:
-    """An ``Effects`` that remembers every call, in order."""
-
-    calls: list[object] = field(default_factory=list)
-
-    def start(self, action: Start) -> None:
-        self.calls.append(action)
-
-    def drain(self, action: Stop) -> None:
-        self.calls.append(action)
-
-    def stop(self, action: Stop) -> None:
-        self.calls.append(action)
-
-    def stop_sleeper(self, action: StopSleeper) -> None:
-        self.calls.append(action)
-
-    def grant(self, action: Grant) -> None:
-        self.calls.append(action)
-
-    def reject(self, action: Reject) -> None:
-        self.calls.append(action)
-
-    def note(self, action: Note) -> None:
-        self.calls.append(action)
-
-    def resolve(self, action: Resolve) -> None:
-        self.calls.append(action)
-
-    def take(self) -> list[object]:
-        taken, self.calls = self.calls, []
-        return taken
-
-
-class World:
-    def __init__(self, *rules: ServiceRule, total_mib: int = 1000) -> None:
-        self.now = 0.0
-        self.rules = {r.name: r for r in rules}
-        self.scheduler = Scheduler(self.rules, DeviceRule())
-        self.effects = Recorder()
-        self.pump = Pump(self.scheduler, lambda: self.now)
-        self.pump.connect(self.effects)
-        self.total = total_mib * MiB
-        self.send(PolicyChanged(self.rules, DeviceRule()))
-        self.sample()
-
-    def send(self, event: Event, at: float | None = None) -> list[object]:
-        if at is not None:
-            self.now = at
-        self.pump.feed(event)
-        return self.effects.take()
-
-    def sample(self) -> list[object]:
-        """A sample in which every resident instance measures its expected peak."""
-        views = [self.scheduler.service_view(n) for n in self.scheduler.service_names()]
-        footprints = {v.name: v.charge for v in views if v.charge}
-        used = sum(footprints.values())
-        reading = DeviceReading(0, self.total, used, self.total - used, used)
-        return self.send(MemorySampled((reading,), footprints))
-
-    def load(self, name: str, rid: str = "r1") -> None:
-        """Bring ``name`` up through a request that then finishes."""
-        assert starts(self.send(RequestArrived(rid, name))) == [name]
-        self.send(InstanceReady(name))
-        self.send(RequestFinished(rid))
-
-    def state(self, name: str) -> str:
-        return self.scheduler.service_view(name).state
 
 
 def starts(calls: list[object]) -> list[str]:
@@ -167,7 +71,7 @@ def test_a_pass_past_the_backoff_deadline_issues_the_retry() -> None:
 
 def test_a_request_arriving_during_a_crash_backoff_is_served_by_the_next_instance() -> None:
     world = World(rule("s", idle_ttl_s=300.0))
-    world.load("s")
+    world.serve("s")
     world.send(InstanceBackoff("s", "killed by signal SIGKILL", retry_at=4.0, crashed=True), at=2)
     assert world.send(RequestArrived("r2", "s"), at=3.0) == []  # waits in the queue
     assert starts(world.send(Tick(), at=4.0)) == ["s"]
@@ -190,19 +94,19 @@ def test_a_crashed_instance_nothing_wants_back_is_stopped_not_retried() -> None:
     # Idle past its idle TTL when it died (it would have been unloaded): no restart,
     # its memory is released, and the next request loads it afresh.
     world = World(rule("s", idle_ttl_s=60.0))
-    world.load("s")
+    world.serve("s")
     calls = world.send(InstanceBackoff("s", "killed", retry_at=62.0, crashed=True), at=61.0)
     assert [(c.service, c.drain) for c in of(calls, Stop)] == [("s", False)]
     assert [n.kind for n in of(calls, Note)] == ["no-retry"]
     world.send(InstanceStopped("s"), at=61.5)
     assert starts(world.send(Tick(), at=62.0)) == []
-    assert world.scheduler.service_view("s").charge == 0
+    assert world.sched.service_view("s").charge == 0
     assert starts(world.send(RequestArrived("r2", "s"), at=70.0)) == ["s"]
 
 
 def test_a_backoff_that_outlives_the_idle_ttl_gives_up_the_retry() -> None:
     world = World(rule("s", idle_ttl_s=60.0))
-    world.load("s")  # last used at 0
+    world.serve("s")  # last used at 0
     world.send(InstanceBackoff("s", "killed", retry_at=65.0, crashed=True), at=50.0)
     calls = world.send(Tick(), at=65.0)
     assert starts(calls) == [] and [c.service for c in of(calls, Stop)] == ["s"]
@@ -210,7 +114,7 @@ def test_a_backoff_that_outlives_the_idle_ttl_gives_up_the_retry() -> None:
 
 def test_an_instance_back_after_a_crash_keeps_its_idle_clock() -> None:
     world = World(rule("s", idle_ttl_s=60.0))
-    world.load("s")  # last used at 0
+    world.serve("s")  # last used at 0
     world.send(InstanceBackoff("s", "killed", retry_at=40.0, crashed=True), at=30.0)
     assert starts(world.send(Tick(), at=40.0)) == ["s"]
     world.send(InstanceReady("s"), at=41.0)
@@ -221,9 +125,9 @@ def test_an_instance_back_after_a_crash_keeps_its_idle_clock() -> None:
 
 def test_explain_says_a_backed_off_service_died_and_when_it_starts_again() -> None:
     world = World(rule("s", idle_ttl_s=300.0))
-    world.load("s")
+    world.serve("s")
     world.send(InstanceBackoff("s", "killed by signal SIGKILL", retry_at=8.0, crashed=True), at=2)
-    answer = world.scheduler.explain("s", now=3.0)
+    answer = world.sched.explain("s", now=3.0)
     assert answer.verdict == "backoff"
     assert answer.message == (
         "s died after being ready (killed by signal SIGKILL); it starts again within 5s, "
@@ -241,7 +145,7 @@ def test_a_backoff_without_a_deadline_is_not_retried_by_the_scheduler() -> None:
 
 def test_an_out_of_memory_retry_waits_for_the_instances_evicted_for_it() -> None:
     world = World(rule("big", priority=200), rule("small", estimate=300 * MiB))
-    world.load("small", "w1")
+    world.serve("small", "w1")
     world.sample()
     world.send(RequestArrived("r1", "big"))
     world.send(InstanceBackoff("big", "CUDA error: out of memory", retry_at=2.0))
@@ -269,7 +173,7 @@ def sleeper_world(**kw: object) -> World:
 
 
 def put_to_sleep(world: World) -> None:
-    world.load("vllm")
+    world.serve("vllm")
     world.sample()
     calls = world.send(RequestArrived("o1", "other"))
     stops = [(s.service, s.drain, s.sleepable) for s in of(calls, Stop)]
@@ -280,7 +184,7 @@ def put_to_sleep(world: World) -> None:
 def test_an_asleep_service_counts_stopped_and_its_next_load_is_a_wake() -> None:
     world = sleeper_world()
     put_to_sleep(world)
-    assert world.scheduler.service_view("vllm").charge == 0
+    assert world.sched.service_view("vllm").charge == 0
     world.send(InstanceReady("other"))
     world.send(RequestFinished("o1"))
     world.send(UnloadRequested("other"))
@@ -360,7 +264,7 @@ def test_a_load_that_waits_for_memory_is_answered_waiting_with_what_for() -> Non
 
 def test_a_load_waiting_behind_a_protected_instance_is_answered_waiting() -> None:
     world = World(rule("warm", Residency.WARM, protect_s=600.0, priority=200), rule("s"))
-    world.load("warm")
+    world.serve("warm")
     world.sample()
     outcome, message = answers(world.send(LoadRequested("s", ticket="t1")))["t1"]
     assert outcome == "waiting"
@@ -386,7 +290,7 @@ def test_a_load_of_a_window_only_service_outside_its_window_is_answered_window_c
 
 def test_a_restart_is_answered_when_the_new_instance_is_ready() -> None:
     world = World(rule("s"))
-    world.load("s")
+    world.serve("s")
     calls = world.send(RestartRequested("s", "requested by an operator", ticket="t1"))
     assert [(s.drain) for s in of(calls, Stop)] == [True, False]
     assert answers(calls) == {}
@@ -402,7 +306,7 @@ def test_a_restart_of_a_stopped_service_loads_it() -> None:
 
 def test_an_unload_is_answered_stopped_once_the_process_is_gone() -> None:
     world = World(rule("s"))
-    world.load("s")
+    world.serve("s")
     assert answers(world.send(UnloadRequested("s", ticket="t1"))) == {}
     assert answers(world.send(InstanceStopped("s"))) == {"t1": ("stopped", "")}
     assert answers(world.send(UnloadRequested("s", ticket="t2"))) == {"t2": ("stopped", "")}
@@ -410,7 +314,7 @@ def test_an_unload_is_answered_stopped_once_the_process_is_gone() -> None:
 
 def test_operators_of_a_removed_service_get_an_answer() -> None:
     world = World(rule("s"), rule("t"))
-    world.load("s")
+    world.serve("s")
     world.send(UnloadRequested("s", ticket="t1"))
     rules = {"t": world.rules["t"]}
     world.send(PolicyChanged(rules, DeviceRule()))

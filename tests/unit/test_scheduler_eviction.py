@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.scheduling import rule
 
 from service.domain import InstanceState, Residency
-from service.scheduler import ServiceRule
 from service.scheduler.admission import Evict, Place, Refuse, Room, Wait, decide
 from service.scheduler.eviction import (
     RELOAD_COST_TOLERANCE,
@@ -33,24 +33,9 @@ PINNED, WARM, ON_DEMAND, WINDOW = (
 READY, STARTING, STOPPING = InstanceState.READY, InstanceState.STARTING, InstanceState.STOPPING
 
 
-def rule(name: str = "s", priority: int = 100, residency: Residency = ON_DEMAND) -> ServiceRule:
-    return ServiceRule(
-        name=name,
-        residency=residency,
-        priority=priority,
-        estimate=100,
-        cap=None,
-        max_concurrency=1,
-        queue_max=1,
-        queue_timeout_s=1.0,
-        idle_ttl_s=0.0,
-        stop_timeout_s=1.0,
-    )
-
-
 def ask(name: str = "s", priority: int = 100) -> Asker:
     """A load with nothing waiting for it (no deadline, nothing to weigh)."""
-    return Asker(rule(name, priority))
+    return Asker(rule(name, priority=priority))
 
 
 def res(
@@ -289,7 +274,7 @@ def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> 
             headroom=128 * MiB,
         )
     ]
-    decision = decide(Asker(rule("demo-image", 100)), 600 * MiB, rooms, 0)
+    decision = decide(Asker(rule("demo-image", priority=100)), 600 * MiB, rooms, 0)
     assert isinstance(decision, Refuse)
     assert decision.message == (
         "demo-image needs 600MiB but at most 460MiB can be freed on device 0: pinned chat "
@@ -297,7 +282,7 @@ def test_refusal_only_when_even_every_unpinned_instance_gone_is_not_enough() -> 
     )
     assert decision.data["devices"][0]["holders"] == {"chat": 450 * MiB}
     # 460 MiB could be freed: a load that needs it waits (tts outranks it), never refused
-    assert isinstance(decide(Asker(rule("demo-image", 100)), 460 * MiB, rooms, 0), Wait)
+    assert isinstance(decide(Asker(rule("demo-image", priority=100)), 460 * MiB, rooms, 0), Wait)
 
 
 def test_refusal_covers_every_candidate_device() -> None:
@@ -352,7 +337,7 @@ def test_holds_of_other_loads_do_not_cause_a_refusal() -> None:
 def test_a_lower_priority_waits_for_a_higher_ones_protection_then_evicts() -> None:
     hi = res("hi", 1000, residency=WARM, priority=500, last_used=100.0, protect_s=600)
     rooms = [room(0, 0, (hi,))]
-    waiting = decide(Asker(rule("lo", 100)), 500, rooms, 400.0)
+    waiting = decide(Asker(rule("lo", priority=100)), 500, rooms, 400.0)
     assert isinstance(waiting, Wait)
     (holder,) = waiting.holders
     assert (holder.name, holder.why, holder.yields_at) == ("hi", "protected", 700.0)
@@ -361,14 +346,14 @@ def test_a_lower_priority_waits_for_a_higher_ones_protection_then_evicts() -> No
         "yields within 5m at the latest"
     )
     assert waiting.yields_at() == 700.0
-    later = decide(Asker(rule("lo", 100)), 500, rooms, 700.0)
+    later = decide(Asker(rule("lo", priority=100)), 500, rooms, 700.0)
     assert isinstance(later, Evict) and names(later.victims) == ["hi"]
-    assert isinstance(decide(Asker(rule("hier", 600)), 500, rooms, 400.0), Evict)
+    assert isinstance(decide(Asker(rule("hier", priority=600)), 500, rooms, 400.0), Evict)
 
 
 def test_a_busy_higher_priority_is_waited_for_and_named_busy() -> None:
     hi = res("hi", 1000, residency=ON_DEMAND, priority=500, busy=True, protect_s=0)
-    decision = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 1e6)
+    decision = decide(Asker(rule("lo", priority=100)), 500, [room(0, 0, (hi,))], 1e6)
     assert isinstance(decision, Wait)
     assert decision.message("lo", 1e6).endswith(
         "hi (on-demand, priority 500) busy (1 in flight, 0 queued), yields when idle"
@@ -378,8 +363,8 @@ def test_a_busy_higher_priority_is_waited_for_and_named_busy() -> None:
 
 def test_the_wait_key_ignores_the_passing_time() -> None:
     hi = res("hi", 1000, residency=WARM, priority=500, last_used=0.0, protect_s=600)
-    first = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 10.0)
-    second = decide(Asker(rule("lo", 100)), 500, [room(0, 0, (hi,))], 20.0)
+    first = decide(Asker(rule("lo", priority=100)), 500, [room(0, 0, (hi,))], 10.0)
+    second = decide(Asker(rule("lo", priority=100)), 500, [room(0, 0, (hi,))], 20.0)
     assert isinstance(first, Wait) and isinstance(second, Wait)
     assert first.key == second.key
     assert first.message("lo", 10.0) != second.message("lo", 20.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.scheduling import rule
 
 from service.domain import Residency
 from service.policy import load_policy
@@ -32,21 +33,6 @@ def reading(
     total: int, used: int = 0, *, managed: int = 0, free: int | None = None
 ) -> DeviceReading:
     return DeviceReading(0, total, used, total - used if free is None else free, managed)
-
-
-def rule(name: str = "svc", estimate: int = 100 * MiB, cap: int | None = None) -> ServiceRule:
-    return ServiceRule(
-        name=name,
-        residency=Residency.ON_DEMAND,
-        priority=100,
-        estimate=estimate,
-        cap=cap,
-        max_concurrency=4,
-        queue_max=8,
-        queue_timeout_s=60.0,
-        idle_ttl_s=0.0,
-        stop_timeout_s=15.0,
-    )
 
 
 @pytest.mark.parametrize(

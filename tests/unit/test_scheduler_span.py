@@ -10,100 +10,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from support.scheduling import World, rule
+
 from service.domain import Residency
 from service.scheduler import (
     Action,
-    DeviceReading,
-    DeviceRule,
-    Event,
     InstanceReady,
     InstanceStopped,
-    MemorySampled,
     Note,
     Reject,
-    RequestArrived,
-    RequestFinished,
     RestartRequested,
-    Scheduler,
     ServiceRule,
     Start,
     Stop,
 )
 
 MiB = 1024**2
-RESIDENT = ("starting", "ready", "draining", "stopping")
-
-
-def rule(
-    name: str,
-    mib: int,
-    *,
-    shares: tuple[float, ...] = (1.0,),
-    priority: int = 100,
-    residency: Residency = Residency.ON_DEMAND,
-    gpus: tuple[int, ...] | None = None,
-) -> ServiceRule:
-    return ServiceRule(
-        name=name,
-        residency=residency,
-        priority=priority,
-        estimate=mib * MiB,
-        cap=None,
-        max_concurrency=4,
-        queue_max=8,
-        queue_timeout_s=60.0,
-        idle_ttl_s=0.0,
-        stop_timeout_s=15.0,
-        gpus=gpus,
-        protect_s=0.0,
-        shares=shares,
-    )
 
 
 def span2(name: str = "big", mib: int = 1600, **kwargs: object) -> ServiceRule:
-    return rule(name, mib, shares=(0.5, 0.5), **kwargs)  # type: ignore[arg-type]
-
-
-class World:
-    """Devices, a scheduler, and samples consistent with what it placed where."""
-
-    def __init__(self, *rules: ServiceRule, devices: dict[int, int]) -> None:
-        self.sched = Scheduler({r.name: r for r in rules}, DeviceRule())
-        self.totals = devices
-        # service -> device -> measured bytes; default: the charge there once ready
-        self.measured: dict[str, dict[int, int]] = {}
-        self.now = 0.0
-        self.sample()
-
-    def send(self, event: Event) -> list[Action]:
-        self.now += 1.0
-        return self.sched.handle(event, self.now)
-
-    def sample(self) -> list[Action]:
-        per_device: dict[str, dict[int, int]] = {}
-        for name in self.sched.service_names():
-            view = self.sched.service_view(name)
-            if view.state not in RESIDENT:
-                continue
-            default = {} if view.state == "starting" else dict(view.charges)
-            per_device[name] = self.measured.get(name, default)
-        readings = []
-        for d, total in sorted(self.totals.items()):
-            managed = sum(on.get(d, 0) for on in per_device.values())
-            readings.append(DeviceReading(d, total, managed, total - managed, managed))
-        footprints = {name: sum(on.values()) for name, on in per_device.items()}
-        return self.send(MemorySampled(tuple(readings), footprints, per_device))
-
-    def request(self, rid: str, service: str) -> list[Action]:
-        return self.send(RequestArrived(rid, service))
-
-    def serve(self, service: str) -> None:
-        """Loaded, ready, idle."""
-        rid = f"warm-{service}"
-        assert [a.service for a in self.request(rid, service) if isinstance(a, Start)]
-        self.send(InstanceReady(service))
-        self.send(RequestFinished(rid))
-        self.sample()
+    return rule(name, mib=mib, shares=(0.5, 0.5), **kwargs)  # type: ignore[arg-type]
 
 
 def started(actions: Iterable[Action]) -> dict[str, tuple[int, ...]]:
@@ -115,7 +41,7 @@ def stopped(actions: Iterable[Action]) -> list[str]:
 
 
 def test_a_span_2_load_starts_on_two_devices_charged_half_on_each() -> None:
-    world = World(span2(), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    world = World(span2(), devices={0: 1000 * MiB, 1: 1000 * MiB}, step=1.0)
     actions = world.request("r1", "big")
     assert started(actions) == {"big": (0, 1)}
     view = world.sched.service_view("big")
@@ -130,7 +56,9 @@ def test_a_span_2_load_starts_on_two_devices_charged_half_on_each() -> None:
 
 
 def test_memory_split_charges_each_device_its_share_in_device_order() -> None:
-    world = World(rule("big", 1000, shares=(0.7, 0.3)), devices={0: 800 * MiB, 1: 800 * MiB})
+    world = World(
+        rule("big", mib=1000, shares=(0.7, 0.3)), devices={0: 800 * MiB, 1: 800 * MiB}, step=1.0
+    )
     assert started(world.request("r1", "big")) == {"big": (0, 1)}
     assert world.sched.service_view("big").charges == {0: 700 * MiB, 1: 300 * MiB}
 
@@ -138,12 +66,12 @@ def test_memory_split_charges_each_device_its_share_in_device_order() -> None:
 def test_a_span_is_placed_on_the_set_of_devices_it_fits_best() -> None:
     """Three GPUs, one of them big: the pair with the least room left is chosen, so
     the big GPU stays whole for a load that needs it."""
-    world = World(span2(mib=1000), devices={0: 600 * MiB, 1: 4000 * MiB, 2: 600 * MiB})
+    world = World(span2(mib=1000), devices={0: 600 * MiB, 1: 4000 * MiB, 2: 600 * MiB}, step=1.0)
     assert started(world.request("r1", "big")) == {"big": (0, 2)}
 
 
 def test_measured_bytes_above_the_share_are_charged_on_that_device() -> None:
-    world = World(span2(), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    world = World(span2(), devices={0: 1000 * MiB, 1: 1000 * MiB}, step=1.0)
     world.request("r1", "big")
     world.send(InstanceReady("big"))
     world.measured["big"] = {0: 900 * MiB, 1: 500 * MiB}  # layers split unevenly
@@ -154,15 +82,15 @@ def test_measured_bytes_above_the_share_are_charged_on_that_device() -> None:
 
 
 def test_a_span_larger_than_the_devices_allowed_is_refused_at_once() -> None:
-    world = World(span2(gpus=(1,)), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    world = World(span2(gpus=(1,)), devices={0: 1000 * MiB, 1: 1000 * MiB}, step=1.0)
     [reject] = [a for a in world.request("r1", "big") if isinstance(a, Reject)]
     assert reject.code == "insufficient_capacity"
     assert "spans 2 devices but may use 1: [1]" in reject.message
 
 
 def test_a_share_that_can_never_fit_on_a_device_is_refused_naming_it() -> None:
-    pinned = rule("base", 700, residency=Residency.PINNED, gpus=(1,))
-    world = World(pinned, span2(), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    pinned = rule("base", mib=700, residency=Residency.PINNED, gpus=(1,))
+    world = World(pinned, span2(), devices={0: 1000 * MiB, 1: 1000 * MiB}, step=1.0)
     world.send(InstanceReady("base"))  # pinned: loaded at the first sample
     world.sample()
     [reject] = [a for a in world.request("r1", "big") if isinstance(a, Reject)]
@@ -172,10 +100,11 @@ def test_a_share_that_can_never_fit_on_a_device_is_refused_naming_it() -> None:
 
 def test_a_span_load_evicts_only_what_blocks_its_share_on_each_device() -> None:
     world = World(
-        rule("a", 600, gpus=(0,)),
-        rule("b", 100, gpus=(1,)),
+        rule("a", mib=600, gpus=(0,)),
+        rule("b", mib=100, gpus=(1,)),
         span2(),
         devices={0: 1000 * MiB, 1: 1000 * MiB},
+        step=1.0,
     )
     world.serve("a")
     world.serve("b")
@@ -191,10 +120,11 @@ def test_a_waiting_span_load_holds_its_share_on_every_device() -> None:
     """While big waits for a on device 0, its share on device 1 is held: a lower load
     that would fit there now must not take it."""
     world = World(
-        rule("a", 600, gpus=(0,)),
+        rule("a", mib=600, gpus=(0,)),
         span2(priority=200),
-        rule("small", 300, priority=50, gpus=(1,)),
+        rule("small", mib=300, priority=50, gpus=(1,)),
         devices={0: 1000 * MiB, 1: 1000 * MiB},
+        step=1.0,
     )
     world.serve("a")
     assert stopped(world.request("r1", "big")) == ["a"]
@@ -207,7 +137,10 @@ def test_a_waiting_span_load_holds_its_share_on_every_device() -> None:
 
 def test_a_single_device_load_may_evict_a_spanning_instance_for_its_share() -> None:
     world = World(
-        span2(priority=50), rule("x", 500, gpus=(1,)), devices={0: 1000 * MiB, 1: 1000 * MiB}
+        span2(priority=50),
+        rule("x", mib=500, gpus=(1,)),
+        devices={0: 1000 * MiB, 1: 1000 * MiB},
+        step=1.0,
     )
     world.serve("big")
     actions = world.request("r1", "x")
@@ -224,8 +157,9 @@ def test_a_single_device_load_may_evict_a_spanning_instance_for_its_share() -> N
 def test_a_restarted_span_keeps_both_devices_claimed_and_comes_back_on_them() -> None:
     world = World(
         span2(),
-        rule("other", 300, priority=500),
+        rule("other", mib=300, priority=500),
         devices={0: 1000 * MiB, 1: 1000 * MiB},
+        step=1.0,
     )
     world.serve("big")
     world.send(RestartRequested("big", "operator"))
@@ -237,7 +171,7 @@ def test_a_restarted_span_keeps_both_devices_claimed_and_comes_back_on_them() ->
 
 def test_an_uneven_split_fits_devices_of_different_sizes() -> None:
     uneven = replace(span2(), shares=(0.25, 0.75))
-    world = World(uneven, devices={0: 1000 * MiB, 1: 1300 * MiB})
+    world = World(uneven, devices={0: 1000 * MiB, 1: 1300 * MiB}, step=1.0)
     assert started(world.request("r1", "big")) == {"big": (0, 1)}
     assert world.sched.service_view("big").charges == {0: 400 * MiB, 1: 1200 * MiB}
 
@@ -262,7 +196,7 @@ def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -
         shares = (0.5, 0.5) if span == 2 and rng.random() < 0.5 else (1.0 / span,) * span
         if span == 2 and rng.random() < 0.3:
             shares = (cut, 1.0 - cut)
-        r = rule("big", rng.randint(200, 4000), shares=shares)
+        r = rule("big", mib=rng.randint(200, 4000), shares=shares)
         rooms = []
         for d in range(ndev):
             residents = tuple(
@@ -303,7 +237,9 @@ def test_span_decisions_keep_every_device_within_its_figures_on_random_boxes() -
 
 
 def test_explain_says_which_devices_a_span_would_take_and_what_it_would_evict() -> None:
-    world = World(rule("a", 600, gpus=(0,)), span2(), devices={0: 1000 * MiB, 1: 1000 * MiB})
+    world = World(
+        rule("a", mib=600, gpus=(0,)), span2(), devices={0: 1000 * MiB, 1: 1000 * MiB}, step=1.0
+    )
     fits = world.sched.explain("big")
     assert (fits.verdict, fits.devices) == ("fits", (0, 1))
     assert fits.message.startswith("big fits on devices 0, 1: needs 1.6GiB: 800MiB of")

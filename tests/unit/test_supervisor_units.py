@@ -299,7 +299,9 @@ async def test_settle_barrier_gives_up_after_the_timeout() -> None:
 
 
 @dataclass
-class World:
+class Supervision:
+    """A supervised instance's surroundings: a fake clock and launcher, a health endpoint."""
+
     clock: FakeClock
     launcher: FakeLauncher
     http: httpx.AsyncClient
@@ -344,17 +346,17 @@ async def start(inst: Instance, timeout: float = 5.0) -> None:
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[World]:
+async def world() -> AsyncIterator[Supervision]:
     health = [200]
 
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(health.pop(0) if len(health) > 1 else health[0])
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        yield World(FakeClock(), FakeLauncher(), http, health)
+        yield Supervision(FakeClock(), FakeLauncher(), http, health)
 
 
-async def test_ready_once_health_answers_2xx(world: World) -> None:
+async def test_ready_once_health_answers_2xx(world: Supervision) -> None:
     world.health[:] = [503, 503, 200]
     inst = world.instance()
     spawned_at = world.clock.now()
@@ -370,7 +372,7 @@ async def test_ready_once_health_answers_2xx(world: World) -> None:
     assert inst.ready_at == pytest.approx(spawned_at + 0.006)
 
 
-async def test_startup_timeout_kills_and_explains(world: World) -> None:
+async def test_startup_timeout_kills_and_explains(world: Supervision) -> None:
     world.health[:] = [503]
     inst = world.instance(RestartPolicy(max_retries=0, backoff_s=0, max_backoff_s=0))
     task = asyncio.create_task(start(inst, timeout=5))
@@ -386,7 +388,7 @@ async def test_startup_timeout_kills_and_explains(world: World) -> None:
     assert inst.exit_code == -signal.SIGKILL
 
 
-async def test_crash_backs_off_visibly_then_restarts(world: World) -> None:
+async def test_crash_backs_off_visibly_then_restarts(world: Supervision) -> None:
     inst = world.instance()
     await start(inst)
     world.launcher.spawned[0].exit(139)
@@ -401,7 +403,7 @@ async def test_crash_backs_off_visibly_then_restarts(world: World) -> None:
 
 
 async def test_a_ready_instance_killed_again_and_again_is_restarted_and_flagged_never_failed(
-    world: World,
+    world: Supervision,
 ) -> None:
     inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=8))
     await start(inst)
@@ -422,7 +424,7 @@ async def test_a_ready_instance_killed_again_and_again_is_restarted_and_flagged_
     )
 
 
-async def test_crash_looping_clears_after_a_minute_ready(world: World) -> None:
+async def test_crash_looping_clears_after_a_minute_ready(world: Supervision) -> None:
     inst = world.instance(RestartPolicy(max_retries=1, backoff_s=2, max_backoff_s=8))
     await start(inst)
     world.launcher.spawned[-1].exit(1)
@@ -435,7 +437,7 @@ async def test_crash_looping_clears_after_a_minute_ready(world: World) -> None:
     assert not inst.crash_looping
 
 
-async def test_starts_that_never_become_ready_end_failed(world: World) -> None:
+async def test_starts_that_never_become_ready_end_failed(world: Supervision) -> None:
     world.launcher.ring_lines = ["CUDA error: out of memory"]
     world.health[:] = [503]
     inst = world.instance(RestartPolicy(max_retries=2, backoff_s=2, max_backoff_s=60))
@@ -458,7 +460,7 @@ async def test_starts_that_never_become_ready_end_failed(world: World) -> None:
             await each
 
 
-async def test_a_stop_in_backoff_ends_stopped_and_nothing_restarts(world: World) -> None:
+async def test_a_stop_in_backoff_ends_stopped_and_nothing_restarts(world: Supervision) -> None:
     inst = world.instance()
     await start(inst)
     world.launcher.spawned[0].exit(1)
@@ -469,7 +471,7 @@ async def test_a_stop_in_backoff_ends_stopped_and_nothing_restarts(world: World)
     assert inst.state is S.STOPPED and len(world.launcher.spawned) == 1
 
 
-async def test_stop_sends_sigkill_only_after_the_grace(world: World) -> None:
+async def test_stop_sends_sigkill_only_after_the_grace(world: Supervision) -> None:
     world.launcher.ignore_sigterm = True
     inst = world.instance()
     await start(inst)
@@ -484,7 +486,7 @@ async def test_stop_sends_sigkill_only_after_the_grace(world: World) -> None:
     assert inst.last_error is None  # a stop is not a crash
 
 
-async def test_stop_is_idempotent_and_concurrent_stops_share_one_kill(world: World) -> None:
+async def test_stop_is_idempotent_and_concurrent_stops_share_one_kill(world: Supervision) -> None:
     inst = world.instance()
     assert await inst.stop("nothing running", timeout_s=1) is None
     assert world.events == []
@@ -494,7 +496,7 @@ async def test_stop_is_idempotent_and_concurrent_stops_share_one_kill(world: Wor
     assert world.states() == [S.STARTING, S.READY, S.STOPPING, S.STOPPED]
 
 
-async def test_stop_while_starting_fails_the_start(world: World) -> None:
+async def test_stop_while_starting_fails_the_start(world: Supervision) -> None:
     world.health[:] = [503]
     inst = world.instance()
     task = asyncio.create_task(start(inst))
@@ -505,7 +507,7 @@ async def test_stop_while_starting_fails_the_start(world: World) -> None:
     assert world.states() == [S.STARTING, S.STOPPING, S.STOPPED]
 
 
-async def test_command_not_found_fails_without_retrying(world: World) -> None:
+async def test_command_not_found_fails_without_retrying(world: Supervision) -> None:
     world.launcher.missing = True
     inst = world.instance()
     with pytest.raises(StartFailed, match="command not found"):
@@ -515,7 +517,7 @@ async def test_command_not_found_fails_without_retrying(world: World) -> None:
     assert inst.state is S.STOPPED
 
 
-async def test_start_after_failed_resets_the_count(world: World) -> None:
+async def test_start_after_failed_resets_the_count(world: Supervision) -> None:
     world.health[:] = [503]
     inst = world.instance(RestartPolicy(max_retries=0, backoff_s=1, max_backoff_s=1))
     first = asyncio.create_task(start(inst))
@@ -529,7 +531,7 @@ async def test_start_after_failed_resets_the_count(world: World) -> None:
     assert inst.state is S.READY and inst.attempt == 0
 
 
-async def test_illegal_requests_are_refused(world: World) -> None:
+async def test_illegal_requests_are_refused(world: Supervision) -> None:
     inst = world.instance()
     with pytest.raises(IllegalTransition):
         inst.begin_draining("not even running")
@@ -539,7 +541,7 @@ async def test_illegal_requests_are_refused(world: World) -> None:
     assert len(world.launcher.spawned) == 1
 
 
-async def test_crash_while_draining_just_stops(world: World) -> None:
+async def test_crash_while_draining_just_stops(world: Supervision) -> None:
     inst = world.instance()
     await start(inst)
     inst.begin_draining("evicted for embed")
@@ -551,7 +553,7 @@ async def test_crash_while_draining_just_stops(world: World) -> None:
 
 
 async def test_a_death_just_before_a_stop_is_said_not_passed_off_as_a_clean_stop(
-    world: World,
+    world: Supervision,
 ) -> None:
     inst = world.instance()
     await start(inst)
@@ -563,7 +565,7 @@ async def test_a_death_just_before_a_stop_is_said_not_passed_off_as_a_clean_stop
     assert inst.last_error == "killed by signal SIGKILL before the stop took effect"
 
 
-async def test_an_instance_waits_in_backoff_for_its_owner(world: World) -> None:
+async def test_an_instance_waits_in_backoff_for_its_owner(world: Supervision) -> None:
     inst = world.instance()
     await start(inst)
     world.launcher.spawned[0].exit(1)
@@ -577,7 +579,7 @@ async def test_an_instance_waits_in_backoff_for_its_owner(world: World) -> None:
     assert world.events[-2] == (S.BACKOFF, S.STARTING, "restart after backoff (attempt 1)")
 
 
-async def test_on_spawned_failure_kills_the_process(world: World) -> None:
+async def test_on_spawned_failure_kills_the_process(world: Supervision) -> None:
     async def broken(proc: RuntimeProcess) -> None:
         raise RuntimeError("database is locked")
 
@@ -596,7 +598,7 @@ async def test_on_spawned_failure_kills_the_process(world: World) -> None:
     assert inst.state is S.FAILED
 
 
-async def test_an_observer_that_raises_does_not_break_supervision(world: World) -> None:
+async def test_an_observer_that_raises_does_not_break_supervision(world: Supervision) -> None:
     def boom(*_: object) -> None:
         raise RuntimeError("observer bug")
 
@@ -614,7 +616,9 @@ async def test_an_observer_that_raises_does_not_break_supervision(world: World) 
     assert inst.state is S.STOPPED
 
 
-async def test_a_process_that_survives_sigkill_leaves_the_instance_failed(world: World) -> None:
+async def test_a_process_that_survives_sigkill_leaves_the_instance_failed(
+    world: Supervision,
+) -> None:
     world.launcher.unkillable = True
     inst = world.instance(kill_timeout_s=5)
     await start(inst)
@@ -628,7 +632,7 @@ async def test_a_process_that_survives_sigkill_leaves_the_instance_failed(world:
     assert inst.pid == 1000  # still visible: it holds whatever it holds
 
 
-async def test_a_caller_giving_up_does_not_cancel_the_load(world: World) -> None:
+async def test_a_caller_giving_up_does_not_cancel_the_load(world: Supervision) -> None:
     world.health[:] = [503, 503, 200]
     inst = world.instance()
     impatient = asyncio.create_task(start(inst))
@@ -639,7 +643,7 @@ async def test_a_caller_giving_up_does_not_cancel_the_load(world: World) -> None
     assert inst.state is S.READY
 
 
-async def test_a_stable_run_resets_the_attempt_count(world: World) -> None:
+async def test_a_stable_run_resets_the_attempt_count(world: Supervision) -> None:
     policy = RestartPolicy(max_retries=1, backoff_s=2, max_backoff_s=2, stable_after_s=60)
     inst = world.instance(policy)
     await start(inst)
