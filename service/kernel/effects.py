@@ -380,7 +380,7 @@ class KernelEffects:
             f"{rt.name}: {old} -> {new} ({reason})",
             service=rt.name,
             instance_id=rt.placement.instance_id,
-            data={"from": old.value, "to": new.value, "pid": inst.pid},
+            data={"from": old.value, "to": new.value, "pid": inst.pid, "reason": reason},
         )
         if old is S.BACKOFF and new is S.STARTING:
             rt.placement.restarts += 1

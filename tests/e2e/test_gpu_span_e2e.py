@@ -148,7 +148,7 @@ def test_a_load_on_one_gpu_evicts_the_span_and_waits_for_the_driver(daemon: Daem
     small = daemon.service("small")
     assert (small["state"], small["devices"]) == ("ready", [1])
     evictions = [e for e in daemon.events(service="small") if e["kind"] == "evict"]
-    assert evictions and "big" in evictions[-1]["message"]
+    assert evictions and "big" in evictions[-1]["data"]["victims"]
     # Started only after the simulated driver gave big's memory back: its load saw no
     # out-of-memory, and no settle gave up.
     assert not [e for e in daemon.events(service="big") if e["kind"] == "settle-timeout"]

@@ -52,7 +52,9 @@ def test_manual_run_restarts_the_named_service_and_closes(tmp_path: Path) -> Non
         kinds = [e["kind"] for e in daemon.events()]
         assert "window-open" in kinds and "window-close" in kinds
         stops = [
-            e for e in daemon.events(kind="state") if "maintenance window nightly" in e["message"]
+            e
+            for e in daemon.events(kind="state")
+            if "maintenance window nightly" in e["data"]["reason"]
         ]
         assert stops, "the restart says which window caused it"
         assert daemon.post("/api/maintenance/nope/run").status_code == 404

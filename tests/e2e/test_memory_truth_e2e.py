@@ -190,7 +190,7 @@ def test_over_cap_runtime_is_restarted(tmp_path: Path, backend: Backend) -> None
         )
         flags = [e for e in daemon.events(kind="flag") if e["data"]["flag"] == "over-cap"]
         assert flags and "above its cap" in flags[0]["message"]
-        stops = [e for e in daemon.events(kind="state") if "over its cap" in e["message"]]
+        stops = [e for e in daemon.events(kind="state") if "over its cap" in e["data"]["reason"]]
         assert stops
 
 

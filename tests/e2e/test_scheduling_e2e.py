@@ -132,7 +132,11 @@ def test_a_lower_priority_waits_and_is_served_once_the_higher_ones_protection_la
         (response,) = box
         assert response.status_code == 200, response.text
         assert response.headers["x-vramd-cold-start"] == "1"
-        waits = [e for e in daemon.events(service="lo", kind="wait") if "hi" in e["message"]]
+        waits = [
+            e
+            for e in daemon.events(service="lo", kind="wait")
+            if any(h["service"] == "hi" for h in e["data"].get("holders", []))
+        ]
         assert waits and waits[0]["data"]["holders"][0]["why"] == "protected"
         assert daemon.service("hi")["state"] == "stopped"  # evicted, not refused
 
@@ -369,7 +373,7 @@ def test_an_over_cap_runtime_under_steady_traffic_is_restarted_without_a_failed_
         drains = [
             e
             for e in daemon.events(service="leaky", kind="state")
-            if "-> draining" in e["message"] and "over its cap" in e["message"]
+            if e["data"]["to"] == "draining" and "over its cap" in e["data"]["reason"]
         ]
         assert drains, "the restart drained the instance"
 
@@ -397,7 +401,7 @@ def test_on_cap_stop_stops_and_on_cap_warn_only_flags(tmp_path: Path, on_cap: st
             # instance, which clears the flag: the events say what happened, whenever.
             daemon.wait_for(lambda: bool(daemon.events(kind="cap-stop")))
             flags = daemon.events(kind="flag")
-            assert flags and all("over-cap" in flag["message"] for flag in flags)
+            assert flags and all(flag["data"]["flag"] == "over-cap" for flag in flags)
             # A warm service comes back for its next request, as a fresh instance.
             assert ask(daemon, "m").status_code == 200
             assert daemon.service("leaky")["loads"] >= 2

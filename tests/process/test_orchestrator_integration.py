@@ -395,8 +395,8 @@ async def test_idle_ttl_unloads(harness: OrchestratorHarness) -> None:
     await wait_state(daemon, "idler", "stopped", timeout=10)
 
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
-    reasons = [e["message"] for e in daemon.events(service="idler")]
-    assert any("idle for" in m and "idle_ttl 1s" in m for m in reasons), reasons
+    reasons = [e["data"]["reason"] for e in daemon.events(service="idler", kind="state")]
+    assert any("idle for" in r and "idle_ttl 1s" in r for r in reasons), reasons
     # A new request loads it again.
     lease = await orc.acquire("idler")
     assert lease.cold_start is True
@@ -560,7 +560,7 @@ async def test_mixed_load_never_overcommits(harness: OrchestratorHarness) -> Non
     for event in daemon.events():
         if event["kind"] == "evict":
             explained.update(event["data"]["victims"])
-        if event["kind"] == "state" and "evicted for" in event["message"]:
+        if event["kind"] == "state" and "evicted for" in event["data"]["reason"]:
             assert event["service"] in explained, event
             if event["data"]["to"] == "stopped":
                 explained.discard(event["service"])
