@@ -215,6 +215,7 @@ def test_events_follow_prints_new_events_until_ctrl_c(daemon: Daemon) -> None:
             daemon.delete("/api/maintenance/follow-marker")
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_ctrl_c_in_a_follow_is_a_stop_request_not_an_exception() -> None:
     # A KeyboardInterrupt could land inside the HTTP client and leave its pool locked;
     # inside CtrlC the signal only marks the stop and wakes the wait between polls.

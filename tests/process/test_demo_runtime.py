@@ -72,6 +72,7 @@ def test_health_is_503_while_loading_then_200() -> None:
         assert (response.status_code, response.json()) == (200, {"status": "ok"})
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_becomes_ready_quickly() -> None:
     started = time.monotonic()
     with running_demo():

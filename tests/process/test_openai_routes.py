@@ -295,6 +295,7 @@ async def test_async_client(setup: Setup) -> None:
         assert len(embedding.data[0].embedding) == 16
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_a_runtime_crashing_mid_stream_ends_the_stream_with_an_error(
     client: openai.OpenAI, setup: Setup
 ) -> None:

@@ -281,6 +281,7 @@ async def test_pinned_survives_every_mix(harness: OrchestratorHarness) -> None:
     assert pin_states == ["starting", "ready"]
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 async def test_impossible_request_is_refused_at_once(harness: OrchestratorHarness) -> None:
     services = {
         "pin": demo_service(memory_mib=40, estimate_mib=100, residency="pinned"),

@@ -27,6 +27,7 @@ import pytest
 from support.daemon import REPO_ROOT
 from support.demo import DemoProcess, running_demo
 from support.simgpu import SimulatedGpus, simulated_gpus
+from support.waiting import wait_until_blocking
 
 from service.adapters import find_oom, guess_adapter
 from service.devices import NvmlProbe, create_probe
@@ -183,9 +184,9 @@ def test_a_dead_process_stays_listed_for_the_release_lag(
         reading = probe.read({"demo": pid})
         assert reading.instances["demo"].device_bytes == 0
         assert reading.devices[0].foreign == 3 * GiB + CONTEXT
-        while probe.holding([pid]):
-            assert time.monotonic() - killed < 5, "never released"
-            time.sleep(0.02)
+        wait_until_blocking(
+            lambda: not probe.holding([pid]), timeout=5, interval=0.02, what="the release"
+        )
         released_after = time.monotonic() - killed
     assert released_after >= 0.9  # the lag is 1s from when the simulation saw it gone
     assert probe.read({}).devices[0].used == 0

@@ -283,3 +283,25 @@ def test_the_writer_check_sees_every_kind_of_write() -> None:
     code = "rt.placement.device = 1\nrt.health.flags.add('x')\nrt.measured.device_bytes[0] = 1"
     found = [part_written(node) for node in ast.walk(ast.parse(code))]
     assert {"placement", "health", "measured"} <= set(found)
+
+
+WALL_CLOCK = re.compile(r"monotonic\(\) - |perf_counter\(\) - |\btook\b|\belapsed\b")
+
+
+def test_every_wall_clock_assertion_is_marked_timing() -> None:
+    """A test that asserts how long something took is run alone (marker ``timing``):
+    a machine busy with other tests would make it fail for no fault of the code."""
+    unmarked = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        text = path.read_text()
+        module_marked = re.search(r"pytestmark\s*=.*timing", text) is not None
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            marked = module_marked or any("timing" in ast.unparse(d) for d in node.decorator_list)
+            for check in ast.walk(node):
+                if isinstance(check, ast.Assert) and not marked:
+                    test = ast.unparse(check.test)
+                    if WALL_CLOCK.search(test) and "<" in test:
+                        unmarked.append(f"{path.relative_to(ROOT)}:{check.lineno}")
+    assert unmarked == []

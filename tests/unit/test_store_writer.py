@@ -220,6 +220,7 @@ def test_a_failing_write_is_logged_and_the_others_are_kept(
     assert "LookupError" in caplog.text  # a bug: logged with its traceback
 
 
+@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_reads_do_not_wait_for_a_lock(store: Store, writer: StoreWriter) -> None:
     writer.put_row("events", event(1))
     writer.flush(10)
