@@ -353,3 +353,15 @@ def test_the_readme_lists_every_benchmark_target_once_and_no_other_doc_lists_the
         if line.startswith("make bench") and after.startswith("make bench")
     ]
     assert lists == [], "the README's table is the one list of benchmark targets"
+
+
+def test_every_field_of_a_services_answer_is_documented() -> None:
+    """``GET /api/services`` (what ``vramd ps`` and the dashboard read): every field of
+    ``ServiceStatus`` is in docs/api.md's example or its table."""
+    from service.contract import ServiceStatus
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text[text.index("### `GET /api/services`") :]
+    section = section[: section.index("\n### ", 1)]
+    named = set(re.findall(r'"(\w+)":', section)) | set(re.findall(r"`(\w+)`", section))
+    assert set(ServiceStatus.model_fields) - named == set()
