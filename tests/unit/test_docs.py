@@ -365,3 +365,17 @@ def test_every_field_of_a_services_answer_is_documented() -> None:
     section = section[: section.index("\n### ", 1)]
     named = set(re.findall(r'"(\w+)":', section)) | set(re.findall(r"`(\w+)`", section))
     assert set(ServiceStatus.model_fields) - named == set()
+
+
+def test_openapi_carries_the_schemas_of_the_admin_answers(tmp_path: Path) -> None:
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(config=ROOT / "config" / "demo.yaml", db=tmp_path / "v.db"))
+    schemas = app.openapi()["components"]["schemas"]
+    answers = {"StatusAnswer", "ServiceStatus", "EventRecord", "WindowList", "ApplyAnswer"}
+    assert answers <= set(schemas)
+    ok = app.openapi()["paths"]["/api/services/{name}"]["get"]["responses"]["200"]
+    assert ok["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ServiceStatus"
+    }
