@@ -252,7 +252,9 @@ def test_daemon_sigkill_mid_traffic_keeps_the_database_adopts_the_ready_and_reap
         "chat": demo_service(
             workdir, ["m-chat"], "--chunks", "100", "--chunk-delay-ms", "50", residency="pinned"
         ),
-        "embed": demo_service(workdir, ["m-embed"], kind="embedding", load_seconds=3.0),
+        # Long enough that it is still loading when the daemon is killed, however busy
+        # the machine is between the two (a ready one would rightly be adopted).
+        "embed": demo_service(workdir, ["m-embed"], kind="embedding", load_seconds=30.0),
     }
     with running_daemon(policy_yaml(services), workdir) as daemon:
         daemon.wait_for(lambda: daemon.service("chat")["state"] == "ready")
