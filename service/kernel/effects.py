@@ -108,10 +108,19 @@ class KernelEffects:
         self._settle_timeout_s = settle_timeout_s
         self.tasks = BackgroundTasks()
         # The daemon is closing: an instance that exits is not settled and reported.
-        self.closing = False
+        self._closing = False
         runtimes.observe(self.on_state)
 
     # ------------------------------------------------------------------ Effects
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def begin_closing(self) -> None:
+        """The daemon is closing (the orchestrator's shutdown): from now on an instance
+        that exits is not settled and reported."""
+        self._closing = True
 
     def start(self, action: Start) -> None:
         rt = self._runtimes[action.service]
@@ -468,7 +477,7 @@ class KernelEffects:
                 self._doctor.flag(rt, Flag.CRASH_LOOPING, why)
             self.tasks.spawn(rt.close_client(), f"close {rt.name}")
             self._feed(InstanceFailed(rt.name, error))
-        elif old is not S.STOPPING and not self.closing:
+        elif old is not S.STOPPING and not self._closing:
             # It left on its own (exited while draining or asleep): settle, then report.
             self.tasks.spawn(self.settle(rt, rt.measured.last_pids), f"settle {rt.name}")
 

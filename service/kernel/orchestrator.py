@@ -128,7 +128,6 @@ class Orchestrator:
         self._headroom = rules_from_policy(policy)[1].headroom
         self._loops = BackgroundTasks()
         self._applying = asyncio.Lock()
-        self._closing = False
         # Closing leaves ready runtimes running: asked to, or handed over (``--replace``).
         self.keep_runtimes = settings.keep_runtimes or policy.server.keep_runtimes_on_exit
         self.handing_over = False
@@ -183,9 +182,9 @@ class Orchestrator:
         """SIGTERM: refuse what waits, let what runs finish (up to each service's
         ``stop_timeout``), then stop everything (``ShutdownRequested``). Called as the
         signal arrives, so no queued request holds the server's graceful wait."""
-        if self._closing:
+        if self._effects.closing:
             return
-        self._closing = self._effects.closing = True
+        self._effects.begin_closing()
         if self.keep_runtimes:
             return  # what waits is served or refused as the server closes; nothing stops
         waiting = self._waiters.ids()
@@ -209,7 +208,7 @@ class Orchestrator:
 
     async def close(self) -> None:
         """Refuse waiting requests and stop every runtime (SIGTERM, grace, SIGKILL)."""
-        self._closing = self._effects.closing = True
+        self._effects.begin_closing()
         self.windows.shutdown()
         await self._health.watchdog.stop()
         await self._loops.cancel_all()
@@ -340,7 +339,7 @@ class Orchestrator:
         request_id = request_id or uuid.uuid4().hex
         if self.handing_over:
             raise HandedOver("a new vramd serves", retry_after=0)
-        if self._closing:
+        if self._effects.closing:
             raise InsufficientCapacity("vramd is shutting down", retry_after=5)
         rt = self.runtimes[service]
         if request_info is not None:
@@ -487,4 +486,4 @@ class Orchestrator:
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: periodic work on time, no loop stall, loops alive."""
-        return self._health.report(failed=self._loops.failed, closing=self._closing)
+        return self._health.report(failed=self._loops.failed, closing=self._effects.closing)

@@ -305,3 +305,15 @@ def test_every_wall_clock_assertion_is_marked_timing() -> None:
                     if WALL_CLOCK.search(test) and "<" in test:
                         unmarked.append(f"{path.relative_to(ROOT)}:{check.lineno}")
     assert unmarked == []
+
+
+def test_the_orchestrator_tells_the_effects_it_never_writes_into_them() -> None:
+    tree = ast.parse((SERVICE / "kernel" / "orchestrator.py").read_text())
+    writes = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if "_effects." in ast.unparse(target)
+    ]
+    assert writes == []
