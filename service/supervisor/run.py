@@ -266,6 +266,10 @@ class ProcessRun:
             self._health = "timed out"
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             self._health = f"{type(exc).__name__}: {exc}"
+        except AttributeError as exc:
+            # anyio asks a socket the runtime closed as it connected for its peer (its
+            # raw socket is None then): a failed poll of a dying runtime, not our error.
+            self._health = f"connection lost: {exc}"
         else:
             if self.spec.health_ok(response.status_code, response.content):
                 return True
