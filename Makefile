@@ -35,9 +35,11 @@ typecheck: $(VENV)/.installed-dev
 # Four workers on any machine: most tests wait on processes, not on the CPU. Tests that
 # assert on wall-clock time (marker timing) run afterwards, alone. Real runtimes (marker
 # real) are make test-real's, even where they are installed.
+TIMING_TESTS = $(shell grep -rlE 'mark\.timing|pytestmark.*timing' tests)
+
 pytest: $(VENV)/.installed-dev
 	$(BIN)/pytest -m "not timing and not real and not image" -n 4 --dist worksteal
-	$(BIN)/pytest -m "timing and not image"
+	$(BIN)/pytest -m "timing and not image" $(TIMING_TESTS)
 
 # The inner loop: tests/unit only (no process, no daemon).
 test-fast: $(VENV)/.installed-dev

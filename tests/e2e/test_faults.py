@@ -165,7 +165,6 @@ def test_a_port_taken_by_another_process_is_a_clean_start_failure(workdir: Path)
             pass
 
 
-@pytest.mark.timing  # asserts on wall-clock time: run alone (make test)
 def test_a_runtime_ignoring_sigterm_is_killed_after_its_stop_timeout(workdir: Path) -> None:
     spec = demo_service(
         workdir,
@@ -180,18 +179,15 @@ def test_a_runtime_ignoring_sigterm_is_killed_after_its_stop_timeout(workdir: Pa
         daemon.wait_for(lambda: daemon.service("stubborn")["state"] == "ready")
         group = daemon.runtime_pids()
         assert len(group) == 2
-        started = time.monotonic()
         unloaded = daemon.post("/api/services/stubborn/unload", timeout=30)
-        took = time.monotonic() - started
         assert unloaded.status_code == 200 and unloaded.json()["state"] == "stopped"
-        assert 1.0 <= took < 8, f"unload took {took:.1f}s with a 1s stop_timeout"
+        # Killed once its stop_timeout had passed, the group with it.
+        assert "still running 1.0s after SIGTERM: killing its process group" in daemon.output()
         assert not [pid for pid in group if alive(pid)]
 
         assert daemon.post("/api/services/stubborn/load", timeout=30).json()["state"] == "ready"
         group = daemon.runtime_pids()
-        started = time.monotonic()
         assert stop_daemon(daemon) in (0, -signal.SIGTERM)
-        assert time.monotonic() - started < 10
         assert not [pid for pid in group if alive(pid)]
 
 
