@@ -155,16 +155,7 @@ async def apply_policy(
 async def policy_history(store: StoreDep) -> PolicyHistory:
     with store.read() as session:
         return PolicyHistory(
-            versions=[
-                PolicyVersion(
-                    version=row.version,
-                    sha256=row.sha256,
-                    source=row.source,
-                    applied_at=row.applied_at,
-                    active=row.active,
-                )
-                for row in queries.policy_history(session)
-            ]
+            versions=[PolicyVersion.model_validate(row) for row in queries.policy_history(session)]
         )
 
 
@@ -262,13 +253,7 @@ async def policy(
         active = queries.active_policy_version(session)
         if active is None:
             return JSONResponse({"version": None, "text": None})
-        record = ActivePolicy(
-            version=active.version,
-            sha256=active.sha256,
-            source=active.source,
-            applied_at=active.applied_at,
-            text=active.text,
-        )
+        record = ActivePolicy.model_validate(active)
     if format == "yaml":
         return PlainTextResponse(str(record.text), media_type="application/yaml")
     return record
@@ -293,20 +278,7 @@ async def events(
         rows = queries.list_events(
             session, since_id=since, since_ts=since_ts, service=service, kind=kind, limit=limit
         )
-        return Events(
-            events=[
-                EventRecord(
-                    id=row.id,
-                    ts=row.ts,
-                    kind=row.kind,
-                    service=row.service,
-                    instance_id=row.instance_id,
-                    message=row.message,
-                    data=row.data,
-                )
-                for row in rows
-            ]
-        )
+        return Events(events=[EventRecord.model_validate(row) for row in rows])
 
 
 @router.get("/api/usage")
@@ -370,19 +342,7 @@ async def memory(
     await committed(writer)
     with store.read() as session:
         rows = queries.instance_samples(session, service=name, since_ts=since, limit=limit)
-        samples = [
-            MemorySample(
-                ts=row.ts,
-                instance_id=row.instance_id,
-                device_bytes=row.device_bytes,
-                host_bytes=row.host_bytes,
-                kv_cache_bytes=row.kv_cache_bytes,
-                in_flight=row.in_flight,
-                requests_served=row.requests_served,
-                resolution=row.resolution,
-            )
-            for row in rows
-        ]
+        samples = [MemorySample.model_validate(row) for row in rows]
     memory = dict(orchestrator.memory_view(name))
     return MemoryAnswer(service=name, **memory, samples=samples)
 
@@ -395,14 +355,7 @@ async def incidents(
     with store.read() as session:
         return Incidents(
             incidents=[
-                IncidentSummary(
-                    id=row.id,
-                    ts=row.ts,
-                    service=row.service,
-                    kind=row.kind,
-                    verdict=row.verdict,
-                    summary=row.summary,
-                )
+                IncidentSummary.model_validate(row)
                 for row in queries.list_incidents(session, limit=limit)
             ]
         )
@@ -417,12 +370,4 @@ async def incident(
         row = queries.get_incident(session, id=incident_id)
         if row is None:
             raise HTTPException(404, f"no incident {incident_id}")
-        return Incident(
-            id=row.id,
-            ts=row.ts,
-            service=row.service,
-            kind=row.kind,
-            verdict=row.verdict,
-            summary=row.summary,
-            data=row.data,
-        )
+        return Incident.model_validate(row)

@@ -1,13 +1,18 @@
-"""What the store keeps, as the admin API answers it."""
+"""What the store keeps, as the admin API answers it. A record is read from its row by
+its fields' names (``Record.model_validate(row)``)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 
-class EventRecord(BaseModel):
+class Record(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class EventRecord(Record):
     """One recorded event (``GET /api/events``; ``kind``: docs/api.md's list)."""
 
     id: int
@@ -23,7 +28,7 @@ class Events(BaseModel):
     events: list[EventRecord]
 
 
-class IncidentSummary(BaseModel):
+class IncidentSummary(Record):
     id: int
     ts: float
     service: str
@@ -42,7 +47,7 @@ class Incident(IncidentSummary):
     data: dict[str, Any]
 
 
-class PolicyVersion(BaseModel):
+class PolicyVersion(Record):
     version: int
     sha256: str
     source: str
@@ -54,7 +59,7 @@ class PolicyHistory(BaseModel):
     versions: list[PolicyVersion]
 
 
-class ActivePolicy(BaseModel):
+class ActivePolicy(Record):
     """``GET /api/policy``; every field None before any policy was applied."""
 
     version: int | None
@@ -64,7 +69,7 @@ class ActivePolicy(BaseModel):
     text: str | None
 
 
-class MemorySample(BaseModel):
+class MemorySample(Record):
     ts: float
     instance_id: int | None
     device_bytes: int | None
